@@ -1,0 +1,1 @@
+// Anchor TU of the shared <torch/torch.h> precompiled header.

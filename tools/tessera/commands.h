@@ -1,0 +1,15 @@
+// The subcommands of the `tessera` executable. Each add_* function registers one command family
+// on the CLI11 app; a command reports failure by throwing CLI::RuntimeError(exit_code).
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace tessera::cli {
+
+void add_doctor_command(CLI::App& app);   // tessera doctor
+void add_config_commands(CLI::App& app);  // tessera config check|convert
+void add_affine_commands(CLI::App& app);  // tessera affine plan|check
+
+}  // namespace tessera::cli

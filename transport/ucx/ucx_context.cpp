@@ -1,0 +1,92 @@
+#include "transport/ucx/ucx_context.h"
+
+#include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
+
+#include "core/error.h"
+
+namespace tessera::transport {
+namespace {
+
+[[noreturn]] void throw_ucs(const char* operation, ucs_status_t status) {
+  throw TransportError(std::string("UCX ") + operation + " failed: " + ucs_status_string(status));
+}
+
+}  // namespace
+
+UcxContext::UcxContext(const UcxContextOptions& options) {
+  ucp_config_t* config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+  if (status != UCS_OK) throw_ucs("ucp_config_read", status);
+  if (!options.transports.empty()) {
+    status = ucp_config_modify(config, "TLS", options.transports.c_str());
+    if (status != UCS_OK) {
+      ucp_config_release(config);
+      throw TransportError("UCX transports '" + options.transports +
+                           "' rejected (tessera.transport.ucx_tls): " + ucs_status_string(status));
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = (options.enable_tag ? UCP_FEATURE_TAG : 0) | (options.enable_rma ? UCP_FEATURE_RMA : 0);
+  status = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (status != UCS_OK) throw_ucs("ucp_init", status);
+
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  status = ucp_worker_create(context_, &worker_params, &worker_);
+  if (status != UCS_OK) {
+    ucp_cleanup(context_);
+    throw_ucs("ucp_worker_create", status);
+  }
+}
+
+UcxContext::~UcxContext() {
+  if (worker_) ucp_worker_destroy(worker_);
+  if (context_) ucp_cleanup(context_);
+}
+
+std::string ucx_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
+std::vector<std::string> ucx_transports() {
+  std::vector<std::string> names;
+  uct_component_h* components = nullptr;
+  unsigned num_components = 0;
+  ucs_status_t status = uct_query_components(&components, &num_components);
+  if (status != UCS_OK) throw_ucs("uct_query_components", status);
+  for (unsigned c = 0; c < num_components; ++c) {
+    uct_component_attr_t attr{};
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+    if (uct_component_query(components[c], &attr) != UCS_OK) continue;
+    std::vector<uct_md_resource_desc_t> mds(attr.md_resource_count);
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+    attr.md_resources = mds.data();
+    if (uct_component_query(components[c], &attr) != UCS_OK) continue;
+    for (const auto& md_desc : mds) {
+      uct_md_config_t* md_config = nullptr;
+      if (uct_md_config_read(components[c], nullptr, nullptr, &md_config) != UCS_OK) continue;
+      uct_md_h md = nullptr;
+      status = uct_md_open(components[c], md_desc.md_name, md_config, &md);
+      uct_config_release(md_config);
+      if (status != UCS_OK) continue;
+      uct_tl_resource_desc_t* resources = nullptr;
+      unsigned num_resources = 0;
+      if (uct_md_query_tl_resources(md, &resources, &num_resources) == UCS_OK) {
+        for (unsigned r = 0; r < num_resources; ++r)
+          names.push_back(std::string(resources[r].tl_name) + "/" + resources[r].dev_name);
+        uct_release_tl_resource_list(resources);
+      }
+      uct_md_close(md);
+    }
+  }
+  uct_release_component_list(components);
+  return names;
+}
+
+}  // namespace tessera::transport
