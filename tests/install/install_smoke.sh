@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs this build into a scratch prefix, configures and builds tests/install/consumer against
+# it with find_package(tessera), and runs the consumer.
+set -euo pipefail
+build_dir=$1 source_dir=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+cmake --install "$build_dir" --prefix "$work/prefix" >"$work/install.log"
+cmake -S "$source_dir/tests/install/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
+cmake --build "$work/build" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+"$work/build/consumer"
