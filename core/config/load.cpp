@@ -1,0 +1,172 @@
+// Text -> Node for both syntaxes (the only file that includes toml++ and nlohmann_json's parser),
+// then decode and validate.
+#include "core/config/load.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/config/detail/decode.h"
+#include "core/config/node.h"
+#include "core/config/validate.h"
+#include "core/error.h"
+
+namespace tessera::config {
+namespace {
+
+Node from_toml(const toml::node& source, const std::string& origin) {
+  Node out;
+  out.line = static_cast<int>(source.source().begin.line);
+  if (const auto* table = source.as_table()) {
+    out.kind = Node::Kind::table;
+    std::vector<std::pair<toml::source_position, std::pair<std::string, Node>>> ordered;
+    for (const auto& [key, value] : *table) {
+      ordered.push_back({value.source().begin, {std::string(key.str()), from_toml(value, origin)}});
+    }
+    // toml++ keeps keys sorted; a written file reads best in its own order.
+    std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& entry : ordered) out.fields.push_back(std::move(entry.second));
+  } else if (const auto* array = source.as_array()) {
+    out.kind = Node::Kind::array;
+    for (const auto& item : *array) out.items.push_back(from_toml(item, origin));
+  } else if (const auto* s = source.as_string()) {
+    out.kind = Node::Kind::string;
+    out.string = s->get();
+  } else if (const auto* i = source.as_integer()) {
+    out.kind = Node::Kind::integer;
+    out.integer = i->get();
+  } else if (const auto* f = source.as_floating_point()) {
+    out.kind = Node::Kind::floating;
+    out.floating = f->get();
+  } else if (const auto* b = source.as_boolean()) {
+    out.kind = Node::Kind::boolean;
+    out.boolean = b->get();
+  } else {
+    throw ConfigError(origin + ":" + std::to_string(out.line) +
+                      ": dates and times are not configuration values; write a string or a number");
+  }
+  return out;
+}
+
+Node from_json(const nlohmann::ordered_json& j) {
+  Node out;
+  switch (j.type()) {
+    case nlohmann::json::value_t::object:
+      out.kind = Node::Kind::table;
+      for (const auto& [key, value] : j.items()) out.fields.emplace_back(key, from_json(value));
+      break;
+    case nlohmann::json::value_t::array:
+      out.kind = Node::Kind::array;
+      for (const auto& item : j) out.items.push_back(from_json(item));
+      break;
+    case nlohmann::json::value_t::string:
+      out.kind = Node::Kind::string;
+      out.string = j.get<std::string>();
+      break;
+    case nlohmann::json::value_t::boolean:
+      out.kind = Node::Kind::boolean;
+      out.boolean = j.get<bool>();
+      break;
+    case nlohmann::json::value_t::number_integer:
+      out.kind = Node::Kind::integer;
+      out.integer = j.get<std::int64_t>();
+      break;
+    case nlohmann::json::value_t::number_unsigned:
+      if (j.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX)) {
+        out.kind = Node::Kind::integer;
+        out.integer = static_cast<std::int64_t>(j.get<std::uint64_t>());
+      } else {
+        out.kind = Node::Kind::floating;
+        out.floating = static_cast<double>(j.get<std::uint64_t>());
+      }
+      break;
+    case nlohmann::json::value_t::number_float:
+      out.kind = Node::Kind::floating;
+      out.floating = j.get<double>();
+      break;
+    default:
+      break;  // null (and discarded) stay null
+  }
+  return out;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot read the configuration file (does it exist?)");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+Node parse_toml_text(std::string_view text, const std::string& origin) {
+  try {
+    toml::table table = toml::parse(text, origin);
+    return from_toml(table, origin);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(origin + ":" + std::to_string(e.source().begin.line) + ": TOML syntax error: " +
+                      std::string(e.description()));
+  }
+}
+
+Node parse_json_text(std::string_view text, const std::string& origin) {
+  // DeepSpeed refuses duplicate keys (its loader's object_pairs_hook); so does tessera.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto callback = [&](int, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& parsed) {
+    using E = nlohmann::ordered_json::parse_event_t;
+    if (event == E::object_start) open_objects.emplace_back();
+    if (event == E::object_end && !open_objects.empty()) open_objects.pop_back();
+    if (event == E::key && !open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second &&
+        duplicate.empty()) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(text.begin(), text.end(), callback);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::string what = e.what();
+    const std::size_t bracket = what.find("] ");
+    if (what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos) what = what.substr(bracket + 2);
+    throw ConfigError(origin + ": JSON syntax error: " + what);
+  }
+  if (!duplicate.empty()) {
+    throw ConfigError(origin + ": " + duplicate + ": the key appears twice in one object (DeepSpeed refuses this too)");
+  }
+  return from_json(j);
+}
+
+Format format_of(const std::string& path, std::string_view text) {
+  if (ends_with(path, ".toml")) return Format::toml;
+  if (ends_with(path, ".json")) return Format::json;
+  const std::size_t first = text.find_first_not_of(" \t\r\n");
+  return first != std::string_view::npos && text[first] == '{' ? Format::json : Format::toml;
+}
+
+Config load_config_text(std::string_view text, Format format, const std::string& origin) {
+  const Node root = format == Format::toml ? parse_toml_text(text, origin) : parse_json_text(text, origin);
+  Config config;
+  config.source = origin;
+  detail::ErrorList errors(origin);
+  detail::decode(root, config, errors);
+  errors.raise_if_any();
+  validate(config);
+  return config;
+}
+
+Config load_config(const std::string& path) {
+  const std::string text = read_file(path);
+  return load_config_text(text, format_of(path, text), path);
+}
+
+}  // namespace tessera::config
