@@ -1,0 +1,41 @@
+// A BucketPlan cuts a flat gradient buffer into the buckets the gradient reducer reduces, in the
+// one order every rank issues them (DESIGN.md §2: collectives in program order, never arrival order).
+//
+// Buckets are numbered from the END of the flat buffer, because backward produces the last
+// layers' gradients first; bucket k is issued once all its parameters reported "ready" and buckets
+// 0..k-1 were issued. Two shapes:
+//   all-reduce (stages 0/1): bucket k is the flat range [begin, end) of at most bucket_elements.
+//   reduce-scatter (stage 2): bucket k is the range [begin, end) relative to each partition; its
+//     input is the W slices [r*P + begin, r*P + end) (W * (end - begin) <= bucket_elements, at least
+//     one element per slice) and rank r receives the reduced slice r into its own partition.
+// A parameter belongs to every bucket it overlaps; padding and empty parameters belong to none.
+//
+// Example: 66 elements at dp 3 (P = 22), bucket_elements 30, all-reduce: buckets [36, 66), [6, 36),
+// [0, 6). Reduce-scatter with bucket_elements 30: slices of 10: [12, 22), [2, 12), [0, 2).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/zero/flat_group_layout.h"
+
+namespace tessera::zero {
+
+enum class BucketShape { all_reduce, reduce_scatter };
+
+struct Bucket {
+  int64_t begin = 0;  // flat (all_reduce) or partition-relative (reduce_scatter); end exclusive
+  int64_t end = 0;
+  std::vector<int64_t> params;  // parameter indices overlapping the bucket, ascending
+};
+
+struct BucketPlan {
+  BucketShape shape = BucketShape::all_reduce;
+  std::vector<Bucket> buckets;                      // in issue order
+  std::vector<std::vector<int64_t>> param_buckets;  // per parameter: its bucket indices
+};
+
+// Throws tessera::Error when bucket_elements < 1.
+BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, int64_t bucket_elements);
+
+}  // namespace tessera::zero
