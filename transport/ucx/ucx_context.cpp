@@ -43,6 +43,39 @@ UcxContext::UcxContext(const UcxContextOptions& options) {
   }
 }
 
+std::vector<uint8_t> UcxContext::worker_address() const {
+  ucp_address_t* address = nullptr;
+  size_t length = 0;
+  ucs_status_t status = ucp_worker_get_address(worker_, &address, &length);
+  if (status != UCS_OK) throw_ucs("ucp_worker_get_address", status);
+  std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(address), reinterpret_cast<uint8_t*>(address) + length);
+  ucp_worker_release_address(worker_, address);
+  return bytes;
+}
+
+bool UcxContext::progress() { return ucp_worker_progress(worker_) != 0; }
+
+void UcxContext::wait(void* request, std::chrono::milliseconds timeout, const std::string& what) {
+  if (request == nullptr) return;  // completed in place
+  if (UCS_PTR_IS_ERR(request))
+    throw TransportError("UCX " + what + " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  ucs_status_t status;
+  while ((status = ucp_request_check_status(request)) == UCS_INPROGRESS) {
+    if (ucp_worker_progress(worker_) == 0 && std::chrono::steady_clock::now() > deadline) {
+      ucp_request_cancel(worker_, request);
+      // The cancelled request completes (with UCS_ERR_CANCELED) on a later progress call.
+      for (int i = 0; i < 100000 && ucp_request_check_status(request) == UCS_INPROGRESS; ++i)
+        ucp_worker_progress(worker_);
+      ucp_request_free(request);
+      throw TimeoutError("UCX " + what + " did not complete within " + std::to_string(timeout.count()) +
+                         " ms (is the peer alive and progressing its worker?)");
+    }
+  }
+  ucp_request_free(request);
+  if (status != UCS_OK) throw TransportError("UCX " + what + " failed: " + ucs_status_string(status));
+}
+
 UcxContext::~UcxContext() {
   if (worker_) ucp_worker_destroy(worker_);
   if (context_) ucp_cleanup(context_);

@@ -1,14 +1,21 @@
 // A UcxContext is this process's one UCX context and worker (UCP), in an RAII wrapper.
 //
 // One per process: every endpoint, registered buffer and transfer between jobs hangs off it, and
-// its worker is progressed in exactly one place (the owner's thread or actor). UCX 1.13 on one
-// machine picks shared memory and CMA, where one-sided puts are emulated: the target must keep
-// progressing its worker while data arrives.
+// its worker is progressed in exactly one place: `progress()`/`wait()` here, called from the
+// owner's thread or actor (the worker is single-threaded). UCX 1.13 on one machine picks shared
+// memory and CMA, where one-sided puts are emulated: the target must keep progressing its worker
+// while data arrives (a process waiting in `wait()` does).
+//
+// Transports: UcxContextOptions::transports (the tessera setting tessera.transport.ucx_tls) wins;
+// empty keeps UCX_TLS from the environment or UCX's default, which on one machine without RDMA is
+// shared memory (sysv/posix), CMA and TCP on loopback.
 //
 // Example: UcxContext ctx({}); ctx.worker() is ready for ucp_ep_create; ucx_transports() lists
 // e.g. {"self/memory", "tcp/lo", "sysv/memory", "posix/memory", "cma/memory"}.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -33,6 +40,15 @@ class UcxContext {
 
   ucp_context_h context() const { return context_; }
   ucp_worker_h worker() const { return worker_; }
+
+  // This worker's address, to publish through the store (peers create endpoints from it).
+  std::vector<uint8_t> worker_address() const;
+  // Progresses the worker once; returns whether anything happened.
+  bool progress();
+  // Progresses until `request` (a ucp request pointer or status pointer) completes; throws
+  // TransportError on failure and TimeoutError (after cancelling it) when `timeout` passes.
+  // `what` names the operation in errors.
+  void wait(void* request, std::chrono::milliseconds timeout, const std::string& what);
 
  private:
   ucp_context_h context_ = nullptr;

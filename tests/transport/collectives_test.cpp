@@ -1,0 +1,255 @@
+// Every collective of the Gloo communicator at 2 and 4 processes (run through tessera-launch),
+// on the whole job and on sub-groups, fp32/bf16/fp16, sizes 0, 1, primes and a few MB. Each rank
+// builds every rank's input locally (a closed form of rank and index), so the expected result is
+// computed here, in fp32, and compared bitwise.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "mp_world.h"
+
+using namespace tessera::transport;
+using tessera::transport::testing::MpWorld;
+
+namespace {
+
+// Rank r's input of n elements: integers in [-40, 56], exact in bf16/fp16/fp32, so any summation
+// order in fp32 gives the same (exact) sum.
+at::Tensor input_of(int r, int64_t n, at::ScalarType dtype, int salt = 0) {
+  auto i = torch::arange(n, torch::kLong);
+  return ((i * 7 + r * 3 + salt * 11) % 97 - 40).to(dtype);
+}
+
+// What reducing every member's input in fp32 and casting once gives.
+at::Tensor expected_reduce(const std::vector<int>& members, int64_t n, at::ScalarType dtype, ReduceOp op, int salt = 0) {
+  at::Tensor acc;
+  for (int r : members) {
+    auto x = input_of(r, n, dtype, salt).to(torch::kFloat);
+    if (!acc.defined()) acc = x;
+    else acc = op == ReduceOp::max ? torch::maximum(acc, x) : acc + x;
+  }
+  if (op == ReduceOp::avg) acc = acc / static_cast<double>(members.size());
+  return acc.to(dtype);
+}
+
+const std::vector<at::ScalarType> kTypes{torch::kFloat, torch::kBFloat16, torch::kHalf};
+const std::vector<int64_t> kSizes{0, 1, 2, 13, 1009, (1 << 20) + 7};
+
+std::vector<int> iota(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// Runs every collective on `comm`, whose member i is job rank members[i].
+void check_all_collectives(Communicator& comm, const std::vector<int>& members) {
+  const int size = comm.size(), me = comm.rank();
+  const int my_job_rank = members[me];
+  for (auto dtype : kTypes) {
+    for (int64_t n : kSizes) {
+      INFO("communicator " << comm.name() << " dtype " << c10::toString(dtype) << " n " << n);
+      for (auto op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        auto t = input_of(my_job_rank, n, dtype);
+        comm.all_reduce(t, {{}, op})->wait();
+        CHECK(torch::equal(t, expected_reduce(members, n, dtype, op)));
+      }
+      {  // reduce_scatter: n elements per rank
+        auto in = input_of(my_job_rank, n * size, dtype, 1);
+        auto keep = in.clone();
+        auto out = torch::full({n}, 99, dtype);
+        comm.reduce_scatter(in, out)->wait();
+        auto full = expected_reduce(members, n * size, dtype, ReduceOp::sum, 1);
+        CHECK(torch::equal(out, full.narrow(0, me * n, n)));
+        CHECK(torch::equal(in, keep));
+      }
+      {  // all_gather
+        auto in = input_of(my_job_rank, n, dtype, 2);
+        auto out = torch::full({n * size}, 99, dtype);
+        comm.all_gather(in, out)->wait();
+        for (int i = 0; i < size; ++i) CHECK(torch::equal(out.narrow(0, i * n, n), input_of(members[i], n, dtype, 2)));
+      }
+      {  // all_gather_uneven: member i contributes (n + i) % 5 * (i + 1) elements (some zero)
+        std::vector<int64_t> counts;
+        int64_t total = 0;
+        for (int i = 0; i < size; ++i) total += counts.emplace_back(n == 0 ? 0 : (n + i) % 5 * (i + 1) + n / 3);
+        auto in = input_of(my_job_rank, counts[me], dtype, 3);
+        auto out = torch::full({total}, 99, dtype);
+        comm.all_gather_uneven(in, out, counts)->wait();
+        int64_t at = 0;
+        for (int i = 0; i < size; ++i) {
+          CHECK(torch::equal(out.narrow(0, at, counts[i]), input_of(members[i], counts[i], dtype, 3)));
+          at += counts[i];
+        }
+      }
+      {  // broadcast from the last member
+        auto t = me == size - 1 ? input_of(my_job_rank, n, dtype, 4) : torch::full({n}, 99, dtype);
+        comm.broadcast(t, size - 1)->wait();
+        CHECK(torch::equal(t, input_of(members[size - 1], n, dtype, 4)));
+      }
+      {  // all_to_all: chunk j of member i's input is input_of(i, .., salt 5 + j)
+        std::vector<at::Tensor> chunks;
+        for (int j = 0; j < size; ++j) chunks.push_back(input_of(my_job_rank, n, dtype, 5 + j));
+        auto in = torch::cat(chunks);
+        auto out = torch::full({n * size}, 99, dtype);
+        comm.all_to_all(in, out)->wait();
+        for (int i = 0; i < size; ++i)
+          CHECK(torch::equal(out.narrow(0, i * n, n), input_of(members[i], n, dtype, 5 + me)));
+      }
+      if (size > 1) {  // send/recv around a ring
+        auto next = (me + 1) % size, prev = (me + size - 1) % size;
+        auto out = input_of(my_job_rank, n, dtype, 6);
+        auto got = torch::full({n}, 99, dtype);
+        // Even members send first: program order differs per rank, yet pairs match.
+        if (me % 2 == 0) {
+          comm.send(out, next, 7);
+          comm.recv(got, prev, 7)->wait();
+        } else {
+          comm.recv(got, prev, 7);
+          comm.send(out, next, 7)->wait();
+        }
+        CHECK(torch::equal(got, input_of(members[prev], n, dtype, 6)));
+      }
+    }
+  }
+  comm.barrier()->wait();
+}
+
+}  // namespace
+
+TEST_CASE("every collective on the whole job", "[collectives]") {
+  auto& w = MpWorld::get();
+  check_all_collectives(*w.world, iota(w.size));
+}
+
+TEST_CASE("every collective on sub-groups; a rank in several groups", "[collectives]") {
+  auto& w = MpWorld::get();
+  const int n = w.size;
+  // Reversed order: group rank 0 is the job's last rank.
+  std::vector<int> reversed;
+  for (int r = n - 1; r >= 0; --r) reversed.push_back(r);
+  auto g = w.world->group(reversed, "reversed");
+  REQUIRE(g);
+  CHECK(g->rank() == n - 1 - w.rank);
+  check_all_collectives(*g, reversed);
+  if (n >= 4) {
+    // Data-parallel style pairs {0,2} and {1,3}, then a group of three that overlaps both.
+    std::vector<int> pair = w.rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+    auto even = w.world->group({0, 2}, "even");
+    auto odd = w.world->group({1, 3}, "odd");
+    CHECK(static_cast<bool>(even) == (w.rank % 2 == 0));
+    CHECK(static_cast<bool>(odd) == (w.rank % 2 == 1));
+    check_all_collectives(even ? *even : *odd, pair);
+    std::vector<int> three{3, 1, 2};
+    auto g3 = w.world->group(three);
+    if (w.rank == 0) {
+      CHECK_FALSE(g3);
+    } else {
+      REQUIRE(g3);
+      CHECK(g3->name() == "world.g3_1_2");
+      check_all_collectives(*g3, three);
+    }
+  }
+  w.world->barrier()->wait();
+}
+
+TEST_CASE("program order holds under skewed timing and many threads", "[collectives]") {
+  auto& w = MpWorld::get();
+  std::mt19937 rng(1234 + w.rank);
+  std::uniform_int_distribution<int> delay_ms(0, 15);
+  // 24 operations of different sizes and kinds issued without waiting, each after a random,
+  // rank-dependent delay, alternately from two threads handing the turn to each other.
+  const int ops = 24;
+  std::vector<at::Tensor> tensors(ops);
+  std::vector<std::shared_ptr<Work>> works(ops);
+  std::mutex m;
+  std::condition_variable cv;
+  int turn = 0;
+  auto issuer = [&](int parity) {
+    for (int i = parity; i < ops; i += 2) {
+      std::unique_lock<std::mutex> lock(m);
+      cv.wait(lock, [&] { return turn == i; });
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng) + 20 * w.rank * (i % 3 == 0)));
+      int64_t n = 1 + 997 * i;
+      tensors[i] = input_of(w.rank, n, torch::kFloat, i);
+      works[i] = i % 4 == 3 ? w.world->broadcast(tensors[i], i % w.size) : w.world->all_reduce(tensors[i]);
+      CHECK(works[i]->sequence() > 0);
+      ++turn;
+      cv.notify_all();
+    }
+  };
+  std::thread a(issuer, 0), b(issuer, 1);
+  a.join();
+  b.join();
+  for (int i = ops - 1; i >= 0; --i) works[i]->wait();
+  for (int i = 1; i < ops; ++i) CHECK(works[i]->sequence() == works[i - 1]->sequence() + 1);
+  for (int i = 0; i < ops; ++i) {
+    int64_t n = 1 + 997 * i;
+    auto expect = i % 4 == 3 ? input_of(i % w.size, n, torch::kFloat, i)
+                             : expected_reduce(iota(w.size), n, torch::kFloat, ReduceOp::sum, i);
+    CHECK(torch::equal(tensors[i], expect));
+  }
+}
+
+TEST_CASE("bad arguments are refused before anything is issued", "[collectives]") {
+  auto& w = MpWorld::get();
+  auto t = torch::zeros({4, 4});
+  CHECK_THROWS_AS(w.world->all_reduce(t), tessera::TransportError);
+  CHECK_THROWS_AS(w.world->reduce_scatter(torch::zeros({5}), torch::zeros({5})), tessera::TransportError);
+  CHECK_THROWS_AS(w.world->broadcast(torch::zeros({2}), w.size), tessera::TransportError);
+  CHECK_THROWS_AS(w.world->all_reduce(torch::zeros({2}, torch::kLong), {{}, ReduceOp::avg}), tessera::TransportError);
+  CHECK_THROWS_AS(w.world->group({0, 0}), tessera::TransportError);
+  w.world->barrier()->wait();  // nothing above was issued: the next sequence numbers still match
+}
+
+// Run alone (ctest transport.collectives.skip): rank 1 skips the 2nd all-reduce and waits; every
+// other rank must raise the timeout error naming the communicator, the operation, #n and rank 1,
+// then exit 42; the launcher then ends rank 1.
+TEST_CASE("a rank that skips a collective makes the others time out", "[.skip]") {
+  auto& w = MpWorld::get();
+  auto t = torch::ones({16});
+  w.world->all_reduce(t)->wait();  // the first one everybody does
+  if (w.rank == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(120));
+    return;
+  }
+  auto start = std::chrono::steady_clock::now();
+  auto work = w.world->all_reduce(t);
+  try {
+    work->wait();
+    FAIL("the all-reduce completed without rank 1");
+  } catch (const tessera::TimeoutError& e) {
+    std::string what = e.what();
+    auto waited = std::chrono::steady_clock::now() - start;
+    std::printf("rank %d got: %s\n", w.rank, what.c_str());
+    std::fflush(stdout);
+    const bool names_comm = what.find("communicator 'world'") != std::string::npos;
+    const bool names_op = what.find("all_reduce #2") != std::string::npos;
+    const bool names_missing = what.find("ranks that did not arrive: rank 1") != std::string::npos;
+    const bool in_time = waited < w.timeout + std::chrono::seconds(5);
+    CHECK(names_comm);
+    CHECK(names_op);
+    CHECK(names_missing);
+    CHECK(in_time);
+    // A broken communicator fails at once.
+    bool fails_fast = false;
+    try {
+      w.world->barrier()->wait(std::chrono::milliseconds(100));
+    } catch (const tessera::TransportError&) {
+      fails_fast = true;
+    }
+    CHECK(fails_fast);
+    const bool ok = names_comm && names_op && names_missing && in_time && fails_fast;
+    // Every rank that raised reports; all leave once all reported (rank 0 hosts the store).
+    try {
+      w.store->add("skip/reported", 1);
+      for (int i = 0; i < 200 && w.store->add("skip/reported", 0) < w.size - 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } catch (const tessera::Error&) {
+    }
+    std::_Exit(ok ? 42 : 1);
+  }
+}

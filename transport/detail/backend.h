@@ -1,0 +1,42 @@
+// A Backend runs collectives synchronously for a Communicator, on the communicator's sequencer
+// thread only (never concurrently with itself). Inputs are validated by the Communicator before
+// they get here: flat, contiguous, matching sizes. Errors are thrown as they come (c10::Error,
+// gloo exceptions, ...); the Communicator converts them, adding its context.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/communicator.h"
+
+namespace tessera::transport {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const std::string& name() const = 0;
+  virtual void all_reduce(at::Tensor& tensor, ReduceOp op) = 0;
+  virtual void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) = 0;
+  virtual void all_gather(const at::Tensor& input, at::Tensor& output) = 0;
+  virtual void all_gather_uneven(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& counts) = 0;
+  virtual void broadcast(at::Tensor& tensor, int root) = 0;
+  virtual void all_to_all(const at::Tensor& input, at::Tensor& output) = 0;
+  virtual void send(const at::Tensor& tensor, int dst, uint32_t tag) = 0;
+  virtual void recv(at::Tensor& tensor, int src, uint32_t tag) = 0;
+  virtual void barrier() = 0;
+  // A backend of the same kind over a sub-group (collective over its members).
+  virtual std::unique_ptr<Backend> make_group(std::shared_ptr<Store> store, int rank, int size,
+                                              const CommunicatorOptions& options) = 0;
+};
+
+// Factories, one per backend file.
+std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, int rank, int size,
+                                           const CommunicatorOptions& options);
+std::unique_ptr<Backend> make_nccl_backend(std::shared_ptr<Store> store, int rank, int size, int device,
+                                           const CommunicatorOptions& options);
+
+}  // namespace tessera::transport

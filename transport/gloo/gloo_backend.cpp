@@ -1,0 +1,177 @@
+// The Gloo backend of Communicator (CPU). c10d's ProcessGroupGloo runs what it offers in LibTorch
+// 1.13 (all-reduce, broadcast, list all-gather, all-to-all, send/recv, barrier); the gloo library
+// itself runs what c10d lacks there (reduce-scatter: gloo::ReduceScatterHalvingDoubling; uneven
+// all-gather: gloo::allgatherv), over a second full mesh on the same device and store. bf16/fp16
+// reductions run in fp32; byte-moving operations run on a uint8 view (Gloo has no bf16).
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <gloo/allgatherv.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+
+#include "core/error.h"
+#include "transport/detail/backend.h"
+#include "transport/detail/c10d_store.h"
+
+namespace tessera::transport {
+namespace {
+
+bool is_half(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
+at::Tensor bytes(const at::Tensor& t) { return t.view(at::kByte); }
+
+class GlooBackend : public Backend {
+ public:
+  GlooBackend(std::shared_ptr<Store> store, int rank, int size, const CommunicatorOptions& options)
+      : rank_(rank), size_(size), timeout_(options.timeout) {
+    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname));
+    opts->threads = options.gloo_threads;
+    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10d_store(*store, "pg"), rank, size, opts);
+    context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context_->setTimeout(options.timeout);
+    c10d::ProcessGroupGloo::GlooStore gloo_store(c10d_store(*store, "gloo"));
+    context_->connectFullMesh(gloo_store, opts->devices[0]);
+    device_ = opts->devices[0];
+  }
+
+  const std::string& name() const override { return name_; }
+
+  void all_reduce(at::Tensor& tensor, ReduceOp op) override {
+    if (tensor.numel() == 0) return;
+    at::Tensor work = is_half(tensor) ? tensor.to(at::kFloat) : tensor;
+    c10d::AllreduceOptions o;
+    o.reduceOp = op == ReduceOp::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+    std::vector<at::Tensor> v{work};
+    pg_->allreduce(v, o)->wait();
+    if (op == ReduceOp::avg) work.div_(size_);
+    if (!work.is_same(tensor)) tensor.copy_(work);
+  }
+
+  void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
+    if (input.numel() == 0) return;
+    switch (input.scalar_type()) {
+      case at::kFloat:
+      case at::kBFloat16:
+      case at::kHalf:
+        return reduce_scatter_as<float>(input, output, op, at::kFloat);
+      case at::kDouble:
+        return reduce_scatter_as<double>(input, output, op, at::kDouble);
+      case at::kLong:
+        return reduce_scatter_as<int64_t>(input, output, op, at::kLong);
+      case at::kInt:
+        return reduce_scatter_as<int32_t>(input, output, op, at::kInt);
+      default:
+        throw TransportError(std::string("gloo reduce_scatter: dtype ") + c10::toString(input.scalar_type()) +
+                             " not supported (float, bf16, fp16, double, int32, int64)");
+    }
+  }
+
+  void all_gather(const at::Tensor& input, at::Tensor& output) override {
+    if (input.numel() == 0) return;
+    at::Tensor out = bytes(output);
+    const int64_t n = input.numel() * input.element_size();
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int r = 0; r < size_; ++r) outs[0].push_back(out.narrow(0, r * n, n));
+    std::vector<at::Tensor> ins{bytes(input)};
+    pg_->allgather(outs, ins)->wait();
+  }
+
+  void all_gather_uneven(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& counts) override {
+    if (output.numel() == 0) return;
+    const size_t element = input.element_size();
+    std::vector<size_t> byte_counts;
+    for (auto c : counts) byte_counts.push_back(static_cast<size_t>(c) * element);
+    uint8_t dummy = 0;
+    auto* in = input.numel() ? static_cast<uint8_t*>(input.data_ptr()) : &dummy;
+    gloo::AllgathervOptions o(context_);
+    o.setInput<uint8_t>(in, byte_counts[rank_]);
+    o.setOutput<uint8_t>(static_cast<uint8_t*>(output.data_ptr()), byte_counts);
+    o.setTag(next_tag_++);
+    o.setTimeout(timeout_);
+    gloo::allgatherv(o);
+  }
+
+  void broadcast(at::Tensor& tensor, int root) override {
+    if (tensor.numel() == 0) return;
+    std::vector<at::Tensor> v{bytes(tensor)};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    pg_->broadcast(v, o)->wait();
+  }
+
+  void all_to_all(const at::Tensor& input, at::Tensor& output) override {
+    if (input.numel() == 0) return;
+    at::Tensor in = bytes(input), out = bytes(output);
+    std::vector<int64_t> equal;
+    pg_->alltoall_base(out, in, equal, equal)->wait();
+  }
+
+  void send(const at::Tensor& tensor, int dst, uint32_t tag) override {
+    if (tensor.numel() == 0) return;
+    std::vector<at::Tensor> v{bytes(tensor)};
+    pg_->send(v, dst, static_cast<int>(tag))->wait();
+  }
+
+  void recv(at::Tensor& tensor, int src, uint32_t tag) override {
+    if (tensor.numel() == 0) return;
+    std::vector<at::Tensor> v{bytes(tensor)};
+    pg_->recv(v, src, static_cast<int>(tag))->wait();
+  }
+
+  void barrier() override { pg_->barrier()->wait(); }
+
+  std::unique_ptr<Backend> make_group(std::shared_ptr<Store> store, int rank, int size,
+                                      const CommunicatorOptions& options) override {
+    return std::make_unique<GlooBackend>(std::move(store), rank, size, options);
+  }
+
+ private:
+  // gloo's halving-doubling reduce-scatter reduces in place over a copy of the input (the
+  // input stays as it was) and leaves this rank's chunk at the front of the buffer.
+  template <typename T>
+  void reduce_scatter_as(const at::Tensor& input, at::Tensor& output, ReduceOp op, at::ScalarType type) {
+    at::Tensor work = input.to(type, /*non_blocking=*/false, /*copy=*/true);
+    const int64_t chunk = output.numel();
+    if (chunk > std::numeric_limits<int>::max())
+      throw TransportError("gloo reduce_scatter: chunk of " + std::to_string(chunk) + " elements exceeds 2^31-1");
+    std::vector<int> recv_elements(size_, static_cast<int>(chunk));
+    const gloo::ReductionFunction<T>* fn =
+        op == ReduceOp::max ? gloo::ReductionFunction<T>::max : gloo::ReductionFunction<T>::sum;
+    gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, {work.data_ptr<T>()}, static_cast<int>(work.numel()),
+                                                    recv_elements, fn);
+    algorithm.run();
+    at::Tensor mine = work.narrow(0, 0, chunk);
+    if (op == ReduceOp::avg) mine.div_(size_);
+    output.copy_(mine);
+  }
+
+  std::string name_ = "gloo";
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint32_t next_tag_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, int rank, int size,
+                                           const CommunicatorOptions& options) {
+  try {
+    return std::make_unique<GlooBackend>(std::move(store), rank, size, options);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::string msg = "communicator '" + options.name + "' (gloo, rank " + std::to_string(rank) + " of " +
+                      std::to_string(size) + "): connecting the ranks failed: " + what.substr(0, what.find('\n'));
+    if (what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos)
+      throw TimeoutError(msg);
+    throw TransportError(msg);
+  }
+}
+
+}  // namespace tessera::transport

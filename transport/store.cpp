@@ -1,0 +1,168 @@
+#include "transport/store.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+
+#include "core/error.h"
+#include "transport/detail/c10d_store.h"
+
+namespace tessera::transport {
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+bool looks_like_timeout(const std::string& what) {
+  return what.find("imeout") != std::string::npos || what.find("timed out") != std::string::npos;
+}
+
+}  // namespace
+
+Store::Store(std::shared_ptr<Impl> impl, std::string job, std::string prefix, std::chrono::milliseconds timeout)
+    : impl_(std::move(impl)), job_(std::move(job)), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+std::shared_ptr<Store> Store::tcp(const TcpStoreOptions& tcp, const StoreOptions& options) {
+  if (tcp.port <= 0 || tcp.port > 65535)
+    throw TransportError("store: port " + std::to_string(tcp.port) + " is not a TCP port (job '" + options.job + "')");
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(tcp.port);
+  o.isServer = tcp.is_server;
+  o.numWorkers = c10::nullopt;
+  o.waitWorkers = false;
+  o.timeout = tcp.connect_timeout;
+  auto impl = std::make_shared<Impl>();
+  impl->where = "tcp store " + tcp.host + ":" + std::to_string(tcp.port);
+  try {
+    impl->store = c10::make_intrusive<c10d::TCPStore>(tcp.host, o);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::string msg = impl->where + (tcp.is_server ? ": cannot start the server" : ": cannot connect") +
+                      " (job '" + options.job + "', within " + std::to_string(tcp.connect_timeout.count()) +
+                      " ms): " + what.substr(0, what.find('\n'));
+    if (looks_like_timeout(what)) throw TimeoutError(msg);
+    throw TransportError(msg);
+  }
+  impl->store->setTimeout(options.timeout);
+  return std::make_shared<Store>(impl, options.job, options.job + "/", options.timeout);
+}
+
+std::shared_ptr<Store> Store::file(const std::string& path, const StoreOptions& options) {
+  auto impl = std::make_shared<Impl>();
+  impl->where = "file store " + path;
+  try {
+    // numWorkers only matters for deleting the file at the end: -1 keeps it (callers own the path).
+    impl->store = c10::make_intrusive<c10d::FileStore>(path, -1);
+  } catch (const std::exception& e) {
+    throw TransportError(impl->where + ": cannot open (job '" + options.job + "'): " + e.what());
+  }
+  impl->store->setTimeout(options.timeout);
+  return std::make_shared<Store>(impl, options.job, options.job + "/", options.timeout);
+}
+
+std::shared_ptr<Store> Store::from_env(const StoreOptions& defaults) {
+  StoreOptions options = defaults;
+  options.job = env_or("TESSERA_JOB", defaults.job);
+  TcpStoreOptions tcp;
+  tcp.host = env_or("MASTER_ADDR", "127.0.0.1");
+  std::string port = env_or("MASTER_PORT", "29500");
+  try {
+    tcp.port = std::stoi(port);
+  } catch (const std::exception&) {
+    throw TransportError("store: MASTER_PORT='" + port + "' is not a port number");
+  }
+  std::string server = env_or("TESSERA_STORE_SERVER", "");
+  tcp.is_server = server.empty() ? env_or("RANK", "0") == "0" : server == "1";
+  return Store::tcp(tcp, options);
+}
+
+void Store::set(const std::string& key, const std::vector<uint8_t>& value) {
+  try {
+    impl_->store->set(full(key), value);
+  } catch (const std::exception& e) {
+    throw TransportError(impl_->where + ": set '" + full(key) + "' (job '" + job_ + "') failed: " + e.what());
+  }
+}
+
+void Store::set(const std::string& key, const std::string& value) {
+  set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+void Store::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  std::vector<std::string> full_keys;
+  for (const auto& k : keys) full_keys.push_back(full(k));
+  const auto t = bound(timeout);
+  try {
+    impl_->store->wait(full_keys, t);
+  } catch (const std::exception& e) {
+    std::string names;
+    for (const auto& k : full_keys) names += (names.empty() ? "'" : ", '") + k + "'";
+    std::string what = e.what();
+    std::string msg = impl_->where + ": waiting for " + names + " (job '" + job_ + "')";
+    if (looks_like_timeout(what))
+      throw TimeoutError(msg + " timed out after " + std::to_string(t.count()) + " ms");
+    throw TransportError(msg + " failed: " + what.substr(0, what.find('\n')));
+  }
+}
+
+std::vector<uint8_t> Store::get(const std::string& key, std::chrono::milliseconds timeout) {
+  wait({key}, timeout);
+  try {
+    return impl_->store->get(full(key));
+  } catch (const std::exception& e) {
+    throw TransportError(impl_->where + ": get '" + full(key) + "' (job '" + job_ + "') failed: " + e.what());
+  }
+}
+
+std::string Store::get_string(const std::string& key, std::chrono::milliseconds timeout) {
+  auto v = get(key, timeout);
+  return std::string(v.begin(), v.end());
+}
+
+bool Store::check(const std::vector<std::string>& keys) {
+  std::vector<std::string> full_keys;
+  for (const auto& k : keys) full_keys.push_back(full(k));
+  try {
+    return impl_->store->check(full_keys);
+  } catch (const std::exception& e) {
+    throw TransportError(impl_->where + ": check (job '" + job_ + "') failed: " + e.what());
+  }
+}
+
+int64_t Store::add(const std::string& key, int64_t delta) {
+  try {
+    return impl_->store->add(full(key), delta);
+  } catch (const std::exception& e) {
+    throw TransportError(impl_->where + ": add '" + full(key) + "' (job '" + job_ + "') failed: " + e.what());
+  }
+}
+
+bool Store::remove(const std::string& key) {
+  try {
+    return impl_->store->deleteKey(full(key));
+  } catch (const std::exception& e) {
+    throw TransportError(impl_->where + ": delete '" + full(key) + "' (job '" + job_ + "') failed: " + e.what());
+  }
+}
+
+std::shared_ptr<Store> Store::scoped(const std::string& name) const {
+  return std::make_shared<Store>(impl_, job_, prefix_ + name + "/", timeout_);
+}
+
+std::shared_ptr<Store> Store::shared(const std::string& name) const {
+  return std::make_shared<Store>(impl_, job_, "shared/" + name + "/", timeout_);
+}
+
+const std::string& Store::where() const { return impl_->where; }
+
+c10::intrusive_ptr<c10d::Store> c10d_store(const Store& store, const std::string& sub_prefix) {
+  std::string prefix = store.prefix() + sub_prefix;
+  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, store.impl()->store);
+}
+
+}  // namespace tessera::transport

@@ -1,0 +1,124 @@
+#include "transport/ucx/ucx_endpoint.h"
+
+#include <ucp/api/ucp.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "transport/ucx/ucx_context.h"
+
+namespace tessera::transport {
+namespace {
+
+void noop_send(void*, ucs_status_t, void*) {}
+
+struct RecvInfo {
+  size_t length = 0;
+};
+
+void on_recv(void*, ucs_status_t, const ucp_tag_recv_info_t* info, void* user) {
+  static_cast<RecvInfo*>(user)->length = info->length;
+}
+
+}  // namespace
+
+UcxRemoteKey::UcxRemoteKey(UcxEndpoint& endpoint, const std::vector<uint8_t>& descriptor) {
+  if (descriptor.size() < 16)
+    throw TransportError("UCX remote key of " + endpoint.peer_name() + ": descriptor of " +
+                         std::to_string(descriptor.size()) + " bytes is too short");
+  std::memcpy(&base_, descriptor.data(), 8);
+  uint64_t length = 0;
+  std::memcpy(&length, descriptor.data() + 8, 8);
+  bytes_ = length;
+  if (descriptor.size() == 16) return;  // an empty buffer
+  ucs_status_t status = ucp_ep_rkey_unpack(endpoint.handle(), descriptor.data() + 16, &rkey_);
+  if (status != UCS_OK)
+    throw TransportError("UCX ucp_ep_rkey_unpack for " + endpoint.peer_name() + " failed: " + ucs_status_string(status));
+}
+
+UcxRemoteKey::~UcxRemoteKey() {
+  if (rkey_) ucp_rkey_destroy(rkey_);
+}
+
+UcxEndpoint::UcxEndpoint(UcxContext& context, const std::vector<uint8_t>& peer_address, std::string peer_name)
+    : context_(context), peer_name_(std::move(peer_name)) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  params.address = reinterpret_cast<const ucp_address_t*>(peer_address.data());
+  ucs_status_t status = ucp_ep_create(context_.worker(), &params, &ep_);
+  if (status != UCS_OK)
+    throw TransportError("UCX ucp_ep_create to " + peer_name_ + " failed: " + ucs_status_string(status));
+}
+
+UcxEndpoint::~UcxEndpoint() {
+  if (!ep_) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* request = ucp_ep_close_nbx(ep_, &param);
+  try {
+    context_.wait(request, std::chrono::seconds(5), "endpoint close");
+  } catch (const std::exception&) {
+    // Closing never throws: the peer may be gone already.
+  }
+}
+
+void UcxEndpoint::check_range(const char* op, const UcxRemoteKey& remote, size_t offset, size_t bytes) const {
+  if (offset > remote.bytes() || bytes > remote.bytes() - offset)
+    throw TransportError(std::string("UCX ") + op + " to " + peer_name_ + ": bytes [" + std::to_string(offset) + ", " +
+                         std::to_string(offset + bytes) + ") outside the registered " +
+                         std::to_string(remote.bytes()) + " bytes");
+}
+
+void UcxEndpoint::put(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
+                      std::chrono::milliseconds timeout) {
+  check_range("put", remote, offset, bytes);
+  if (bytes == 0) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  param.cb.send = noop_send;
+  void* request = ucp_put_nbx(ep_, local, bytes, remote.base() + offset, remote.handle(), &param);
+  context_.wait(request, timeout, "put of " + std::to_string(bytes) + " bytes to " + peer_name_);
+}
+
+void UcxEndpoint::get(void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
+                      std::chrono::milliseconds timeout) {
+  check_range("get", remote, offset, bytes);
+  if (bytes == 0) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  param.cb.send = noop_send;
+  void* request = ucp_get_nbx(ep_, local, bytes, remote.base() + offset, remote.handle(), &param);
+  context_.wait(request, timeout, "get of " + std::to_string(bytes) + " bytes from " + peer_name_);
+}
+
+void UcxEndpoint::flush(std::chrono::milliseconds timeout) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  param.cb.send = noop_send;
+  context_.wait(ucp_ep_flush_nbx(ep_, &param), timeout, "flush to " + peer_name_);
+}
+
+void UcxEndpoint::send(const void* data, size_t bytes, uint64_t tag, std::chrono::milliseconds timeout) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  param.cb.send = noop_send;
+  void* request = ucp_tag_send_nbx(ep_, data, bytes, tag, &param);
+  context_.wait(request, timeout, "tagged send of " + std::to_string(bytes) + " bytes to " + peer_name_);
+}
+
+size_t ucx_receive(UcxContext& context, void* data, size_t bytes, uint64_t tag, std::chrono::milliseconds timeout) {
+  RecvInfo info;
+  ucp_tag_recv_info_t immediate{};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+  param.cb.recv = on_recv;
+  param.user_data = &info;
+  param.recv_info.tag_info = &immediate;
+  void* request = ucp_tag_recv_nbx(context.worker(), data, bytes, tag, ~uint64_t{0}, &param);
+  if (request == nullptr) return immediate.length;
+  context.wait(request, timeout, "tagged receive of tag " + std::to_string(tag));
+  return info.length;
+}
+
+}  // namespace tessera::transport

@@ -1,0 +1,84 @@
+// A UcxEndpoint is this process's connection to one peer worker (of this job or another), and a
+// UcxRemoteKey is a peer's registered buffer as seen through that endpoint.
+//
+// Operations are blocking with a timeout and progress this process's worker while they wait
+// (UcxContext::wait): put/get move bytes one-sidedly into/out of the peer's registered buffer;
+// put completes locally, `flush()` makes every earlier put visible at the target (do it before
+// telling the target "done"). Tagged send/receive match on a 64-bit tag; `UcxContext`-level
+// receive takes a message from any endpoint. The peer must progress its worker meanwhile (on one
+// machine RMA is emulated over shared memory and CMA).
+//
+// Contract: all calls on one UcxContext and its endpoints come from one thread (the worker is
+// single-threaded). Timeouts throw tessera::TimeoutError naming the operation and the peer.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+typedef struct ucp_ep* ucp_ep_h;
+typedef struct ucp_rkey* ucp_rkey_h;
+
+namespace tessera::transport {
+
+class UcxContext;
+class UcxEndpoint;
+
+class UcxRemoteKey {
+ public:
+  // Unpacks a UcxMemory::descriptor() of the peer behind `endpoint`.
+  UcxRemoteKey(UcxEndpoint& endpoint, const std::vector<uint8_t>& descriptor);
+  ~UcxRemoteKey();
+  UcxRemoteKey(const UcxRemoteKey&) = delete;
+  UcxRemoteKey& operator=(const UcxRemoteKey&) = delete;
+
+  uint64_t base() const { return base_; }
+  size_t bytes() const { return bytes_; }
+  ucp_rkey_h handle() const { return rkey_; }
+
+ private:
+  uint64_t base_ = 0;
+  size_t bytes_ = 0;
+  ucp_rkey_h rkey_ = nullptr;
+};
+
+class UcxEndpoint {
+ public:
+  // Connects to the worker at `peer_address` (UcxContext::worker_address() of the peer);
+  // `peer_name` ("rollout rank 2") goes into errors.
+  UcxEndpoint(UcxContext& context, const std::vector<uint8_t>& peer_address, std::string peer_name);
+  ~UcxEndpoint();  // flushes and closes (bounded); never throws
+  UcxEndpoint(const UcxEndpoint&) = delete;
+  UcxEndpoint& operator=(const UcxEndpoint&) = delete;
+
+  // Copies `bytes` from `local` into the peer's buffer at `offset`. `local_memh` may be null.
+  void put(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
+           std::chrono::milliseconds timeout);
+  // Copies `bytes` of the peer's buffer at `offset` into `local`.
+  void get(void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset, std::chrono::milliseconds timeout);
+  // Waits until every earlier put/get through this endpoint is complete at the peer.
+  void flush(std::chrono::milliseconds timeout);
+  // Sends `bytes` with `tag` (the peer receives with UcxEndpoint::receive or ucx_receive).
+  void send(const void* data, size_t bytes, uint64_t tag, std::chrono::milliseconds timeout);
+
+  ucp_ep_h handle() const { return ep_; }
+  UcxContext& context() const { return context_; }
+  const std::string& peer_name() const { return peer_name_; }
+
+ private:
+  void check_range(const char* op, const UcxRemoteKey& remote, size_t offset, size_t bytes) const;
+
+  UcxContext& context_;
+  std::string peer_name_;
+  ucp_ep_h ep_ = nullptr;
+};
+
+// Receives one message with exactly `tag` from any peer into `data` (capacity `bytes`); returns
+// the received length. Throws TimeoutError after `timeout`, TransportError when the message is
+// longer than `bytes`.
+size_t ucx_receive(UcxContext& context, void* data, size_t bytes, uint64_t tag, std::chrono::milliseconds timeout);
+
+}  // namespace tessera::transport
