@@ -121,6 +121,78 @@ void refold(TensorMap& map) {
   }
 }
 
+void cut_replicas_to_common_boxes(TensorMap& map) {
+  for (;;) {
+    std::vector<Box> boxes;
+    std::vector<std::pair<int, size_t>> where;  // (rank, piece index)
+    for (const auto& [rank, storage] : map.ranks) {
+      for (size_t i = 0; i < storage.pieces.size(); ++i) {
+        if (storage.pieces[i].box.is_empty()) continue;
+        boxes.push_back(storage.pieces[i].box);
+        where.emplace_back(rank, i);
+      }
+    }
+    const detail::BoxIndex index(boxes);
+    std::map<int, std::vector<Piece>> replaced;  // rank -> new piece list (only ranks that changed)
+    bool changed = false;
+    for (size_t b = 0; b < index.size(); ++b) {
+      const Box& box = index.box(b);
+      std::vector<std::vector<int64_t>> cuts(static_cast<size_t>(box.ndim()));
+      index.for_each_overlap(box, [&](size_t o, const Box&) {
+        const Box& other = index.box(o);
+        if (other == box) return;
+        for (int k = 0; k < box.ndim(); ++k) {
+          for (int64_t c : {other.origin[k], other.end(k)}) {
+            if (c > box.origin[k] && c < box.end(k)) cuts[static_cast<size_t>(k)].push_back(c);
+          }
+        }
+      });
+      bool any = false;
+      for (auto& axis_cuts : cuts) {
+        std::sort(axis_cuts.begin(), axis_cuts.end());
+        axis_cuts.erase(std::unique(axis_cuts.begin(), axis_cuts.end()), axis_cuts.end());
+        any = any || !axis_cuts.empty();
+      }
+      const auto [rank, piece_index] = where[b];
+      auto& list = replaced.try_emplace(rank).first->second;
+      const Piece& piece = map.ranks[rank].pieces[piece_index];
+      if (!any) {
+        list.push_back(piece);
+        continue;
+      }
+      changed = true;
+      // Cells of the grid the cuts make inside the box, row-major.
+      std::vector<std::vector<std::pair<int64_t, int64_t>>> intervals(static_cast<size_t>(box.ndim()));
+      for (int k = 0; k < box.ndim(); ++k) {
+        int64_t at = box.origin[k];
+        for (int64_t c : cuts[static_cast<size_t>(k)]) {
+          intervals[static_cast<size_t>(k)].emplace_back(at, c - at);
+          at = c;
+        }
+        intervals[static_cast<size_t>(k)].emplace_back(at, box.end(k) - at);
+      }
+      std::vector<size_t> pick(static_cast<size_t>(box.ndim()), 0);
+      for (;;) {
+        Piece cell = piece;
+        for (int k = 0; k < box.ndim(); ++k) {
+          cell.box.origin[k] = intervals[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]].first;
+          cell.box.shape[k] = intervals[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]].second;
+        }
+        cell.offset = piece.address_of(cell.box.origin);
+        list.push_back(cell);
+        int k = box.ndim() - 1;
+        for (; k >= 0; --k) {
+          if (++pick[static_cast<size_t>(k)] < intervals[static_cast<size_t>(k)].size()) break;
+          pick[static_cast<size_t>(k)] = 0;
+        }
+        if (k < 0) break;
+      }
+    }
+    if (!changed) return;
+    for (auto& [rank, pieces] : replaced) map.ranks[rank].pieces = std::move(pieces);
+  }
+}
+
 TensorMap nest(const TensorMap& layout, const std::map<int, TensorMap>& storage_per_shard, const RankOf& rank_of) {
   TensorMap out;
   out.name = layout.name;
@@ -173,8 +245,8 @@ TensorMap nest(const TensorMap& layout, const std::map<int, TensorMap>& storage_
       });
     }
   }
-  assign_holders_by_box(out);
   refold(out);
+  cut_replicas_to_common_boxes(out);
   assign_holders_by_box(out);
   return out;
 }
