@@ -55,13 +55,18 @@ std::vector<uint8_t> UcxContext::worker_address() const {
 
 bool UcxContext::progress() { return ucp_worker_progress(worker_) != 0; }
 
-void UcxContext::wait(void* request, std::chrono::milliseconds timeout, const std::string& what) {
+void UcxContext::wait(void* request, std::chrono::milliseconds timeout, const std::string& what,
+                      size_t* received_bytes) {
   if (request == nullptr) return;  // completed in place
   if (UCS_PTR_IS_ERR(request))
     throw TransportError("UCX " + what + " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  ucp_tag_recv_info_t info{};
+  auto check = [&] {
+    return received_bytes ? ucp_tag_recv_request_test(request, &info) : ucp_request_check_status(request);
+  };
   ucs_status_t status;
-  while ((status = ucp_request_check_status(request)) == UCS_INPROGRESS) {
+  while ((status = check()) == UCS_INPROGRESS) {
     if (ucp_worker_progress(worker_) == 0 && std::chrono::steady_clock::now() > deadline) {
       ucp_request_cancel(worker_, request);
       // The cancelled request completes (with UCS_ERR_CANCELED) on a later progress call.
@@ -74,6 +79,7 @@ void UcxContext::wait(void* request, std::chrono::milliseconds timeout, const st
   }
   ucp_request_free(request);
   if (status != UCS_OK) throw TransportError("UCX " + what + " failed: " + ucs_status_string(status));
+  if (received_bytes) *received_bytes = info.length;
 }
 
 UcxContext::~UcxContext() {

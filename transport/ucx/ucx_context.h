@@ -47,8 +47,9 @@ class UcxContext {
   bool progress();
   // Progresses until `request` (a ucp request pointer or status pointer) completes; throws
   // TransportError on failure and TimeoutError (after cancelling it) when `timeout` passes.
-  // `what` names the operation in errors.
-  void wait(void* request, std::chrono::milliseconds timeout, const std::string& what);
+  // `what` names the operation in errors. For a tagged receive, `received_bytes` gets the length.
+  void wait(void* request, std::chrono::milliseconds timeout, const std::string& what,
+            size_t* received_bytes = nullptr);
 
  private:
   ucp_context_h context_ = nullptr;

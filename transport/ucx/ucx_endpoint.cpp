@@ -12,15 +12,41 @@ namespace {
 
 void noop_send(void*, ucs_status_t, void*) {}
 
-struct RecvInfo {
-  size_t length = 0;
-};
-
-void on_recv(void*, ucs_status_t, const ucp_tag_recv_info_t* info, void* user) {
-  static_cast<RecvInfo*>(user)->length = info->length;
-}
+void on_recv(void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {}
 
 }  // namespace
+
+UcxRequest::UcxRequest(UcxContext& context, void* request, std::string what, size_t bytes, bool is_receive)
+    : context_(&context), request_(request), what_(std::move(what)), bytes_(bytes), is_receive_(is_receive) {
+  if (UCS_PTR_IS_ERR(request_)) {
+    auto status = UCS_PTR_STATUS(request_);
+    request_ = nullptr;
+    throw TransportError("UCX " + what_ + " failed: " + ucs_status_string(status));
+  }
+}
+
+UcxRequest::UcxRequest(UcxRequest&& other) noexcept
+    : context_(other.context_), request_(other.request_), what_(std::move(other.what_)), bytes_(other.bytes_),
+      is_receive_(other.is_receive_) {
+  other.request_ = nullptr;
+}
+
+UcxRequest::~UcxRequest() {
+  if (!request_) return;
+  try {
+    context_->wait(request_, std::chrono::milliseconds(1), what_);  // cancels when still pending
+  } catch (const std::exception&) {
+  }
+}
+
+size_t UcxRequest::wait(std::chrono::milliseconds timeout) {
+  void* request = request_;
+  request_ = nullptr;
+  if (!request) return bytes_;  // completed in place (or waited already)
+  size_t received = bytes_;
+  context_->wait(request, timeout, what_, is_receive_ ? &received : nullptr);
+  return received;
+}
 
 UcxRemoteKey::UcxRemoteKey(UcxEndpoint& endpoint, const std::vector<uint8_t>& descriptor) {
   if (descriptor.size() < 16)
@@ -107,18 +133,33 @@ void UcxEndpoint::send(const void* data, size_t bytes, uint64_t tag, std::chrono
   context_.wait(request, timeout, "tagged send of " + std::to_string(bytes) + " bytes to " + peer_name_);
 }
 
-size_t ucx_receive(UcxContext& context, void* data, size_t bytes, uint64_t tag, std::chrono::milliseconds timeout) {
-  RecvInfo info;
-  ucp_tag_recv_info_t immediate{};
+UcxRequest UcxEndpoint::send_async(const void* data, size_t bytes, uint64_t tag) {
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  param.cb.send = noop_send;
+  return UcxRequest(context_, ucp_tag_send_nbx(ep_, data, bytes, tag, &param),
+                    "tagged send of " + std::to_string(bytes) + " bytes to " + peer_name_, bytes, false);
+}
+
+UcxRequest ucx_receive_async(UcxContext& context, void* data, size_t bytes, uint64_t tag) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.recv = on_recv;
-  param.user_data = &info;
-  param.recv_info.tag_info = &immediate;
+  return UcxRequest(context, ucp_tag_recv_nbx(context.worker(), data, bytes, tag, ~uint64_t{0}, &param),
+                    "tagged receive of tag " + std::to_string(tag) + " (" + std::to_string(bytes) + " bytes)", bytes,
+                    true);
+}
+
+size_t ucx_receive(UcxContext& context, void* data, size_t bytes, uint64_t tag, std::chrono::milliseconds timeout) {
+  ucp_request_param_t param{};
+  // Always a request (never completion in place), so its length can be read from it.
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.cb.recv = on_recv;
   void* request = ucp_tag_recv_nbx(context.worker(), data, bytes, tag, ~uint64_t{0}, &param);
-  if (request == nullptr) return immediate.length;
-  context.wait(request, timeout, "tagged receive of tag " + std::to_string(tag));
-  return info.length;
+  size_t received = 0;
+  context.wait(request, timeout, "tagged receive of tag " + std::to_string(tag) + " (" + std::to_string(bytes) +
+               " bytes)", &received);
+  return received;
 }
 
 }  // namespace tessera::transport

@@ -27,6 +27,28 @@ namespace tessera::transport {
 class UcxContext;
 class UcxEndpoint;
 
+// A UcxRequest is a pending non-blocking send or receive. `wait` progresses the worker until it
+// completes (returning the received length for a receive, the sent one for a send) or throws
+// TimeoutError after `timeout` (the request is cancelled). Destroying a pending request cancels it.
+class UcxRequest {
+ public:
+  UcxRequest(UcxContext& context, void* request, std::string what, size_t bytes, bool is_receive);
+  ~UcxRequest();
+  UcxRequest(UcxRequest&& other) noexcept;
+  UcxRequest(const UcxRequest&) = delete;
+  UcxRequest& operator=(const UcxRequest&) = delete;
+  UcxRequest& operator=(UcxRequest&&) = delete;
+
+  size_t wait(std::chrono::milliseconds timeout);
+
+ private:
+  UcxContext* context_;
+  void* request_;
+  std::string what_;
+  size_t bytes_;
+  bool is_receive_;
+};
+
 class UcxRemoteKey {
  public:
   // Unpacks a UcxMemory::descriptor() of the peer behind `endpoint`.
@@ -63,6 +85,8 @@ class UcxEndpoint {
   void flush(std::chrono::milliseconds timeout);
   // Sends `bytes` with `tag` (the peer receives with UcxEndpoint::receive or ucx_receive).
   void send(const void* data, size_t bytes, uint64_t tag, std::chrono::milliseconds timeout);
+  // The same without waiting: `data` must stay valid until the request completed.
+  UcxRequest send_async(const void* data, size_t bytes, uint64_t tag);
 
   ucp_ep_h handle() const { return ep_; }
   UcxContext& context() const { return context_; }
@@ -80,5 +104,7 @@ class UcxEndpoint {
 // the received length. Throws TimeoutError after `timeout`, TransportError when the message is
 // longer than `bytes`.
 size_t ucx_receive(UcxContext& context, void* data, size_t bytes, uint64_t tag, std::chrono::milliseconds timeout);
+// The same without waiting: post the receive, wait on the request later.
+UcxRequest ucx_receive_async(UcxContext& context, void* data, size_t bytes, uint64_t tag);
 
 }  // namespace tessera::transport
