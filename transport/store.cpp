@@ -57,6 +57,8 @@ std::shared_ptr<Store> Store::file(const std::string& path, const StoreOptions& 
   try {
     // numWorkers only matters for deleting the file at the end: -1 keeps it (callers own the path).
     impl->store = c10::make_intrusive<c10d::FileStore>(path, -1);
+    // Creates the file, so that waits before the first write find something to read.
+    impl->store->add("tessera.opened", 1);
   } catch (const std::exception& e) {
     throw TransportError(impl->where + ": cannot open (job '" + options.job + "'): " + e.what());
   }

@@ -1,0 +1,103 @@
+// The rendezvous Store in one process: namespaces, shared namespaces between jobs, counters, and
+// timeouts whose errors name the key and the job.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "transport/store.h"
+
+using namespace tessera::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string temp_path() {
+  char name[] = "/tmp/tessera_store_test_XXXXXX";
+  int fd = mkstemp(name);
+  close(fd);
+  std::remove(name);
+  return name;
+}
+
+}  // namespace
+
+TEST_CASE("file store: namespaces keep jobs and scopes apart", "[store]") {
+  auto path = temp_path();
+  StoreOptions a_opts{"jobA", 5000ms}, b_opts{"jobB", 5000ms};
+  auto a = Store::file(path, a_opts);
+  auto b = Store::file(path, b_opts);
+  a->set("k", std::string("from A"));
+  b->set("k", std::string("from B"));
+  CHECK(a->get_string("k") == "from A");
+  CHECK(b->get_string("k") == "from B");
+  CHECK(a->prefix() == "jobA/");
+  auto scoped = a->scoped("comm")->scoped("world");
+  CHECK(scoped->prefix() == "jobA/comm/world/");
+  CHECK_FALSE(scoped->check({"k"}));
+  scoped->set("k", std::string("inner"));
+  CHECK(a->get_string("comm/world/k") == "inner");
+  // The shared namespace is the same for both jobs.
+  a->shared("meet")->set("hello", std::string("A was here"));
+  CHECK(b->shared("meet")->get_string("hello") == "A was here");
+  CHECK(a->add("counter", 2) == 2);
+  CHECK(a->add("counter", 3) == 5);
+  CHECK(a->remove("k"));
+  CHECK_FALSE(a->check({"k"}));
+  std::vector<uint8_t> bytes{0, 1, 255, 0};
+  a->set("bytes", bytes);
+  CHECK(a->get("bytes") == bytes);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("file store: a wait that times out names the key and the job", "[store]") {
+  auto path = temp_path();
+  auto a = Store::file(path, {"trainer", 5000ms});
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    a->scoped("ucx")->get("never", 300ms);
+    FAIL("get returned");
+  } catch (const tessera::TimeoutError& e) {
+    std::string what = e.what();
+    CHECK(what.find("'trainer/ucx/never'") != std::string::npos);
+    CHECK(what.find("job 'trainer'") != std::string::npos);
+    CHECK(what.find("300 ms") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("tcp store: server and clients of two jobs in one process", "[store]") {
+  TcpStoreOptions server;
+  server.port = 29631;
+  server.is_server = true;
+  auto a = Store::tcp(server, {"train", 5000ms});
+  TcpStoreOptions client = server;
+  client.is_server = false;
+  auto b = Store::tcp(client, {"rollout", 5000ms});
+  a->shared("ucx")->set("train/size", std::string("2"));
+  CHECK(b->shared("ucx")->get_string("train/size") == "2");
+  CHECK_FALSE(b->check({"train/size"}));  // b's own namespace is "rollout/"
+  CHECK(a->where() == "tcp store 127.0.0.1:29631");
+  try {
+    b->wait({"x", "y"}, 200ms);
+    FAIL("wait returned");
+  } catch (const tessera::TimeoutError& e) {
+    std::string what = e.what();
+    CHECK(what.find("'rollout/x', 'rollout/y'") != std::string::npos);
+    CHECK(what.find("job 'rollout'") != std::string::npos);
+  }
+}
+
+TEST_CASE("tcp store: no server within the connect timeout is an error, not a hang", "[store]") {
+  TcpStoreOptions client;
+  client.port = 29632;
+  client.connect_timeout = 500ms;
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(Store::tcp(client, {"lonely", 1000ms}), tessera::TransportError);
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+  CHECK_THROWS_AS(Store::tcp(TcpStoreOptions{"127.0.0.1", 70000}, {}), tessera::TransportError);
+}
