@@ -29,6 +29,8 @@ class Resolver {
     fill(z.stage, "zero_optimization.stage", facts_.zero_stage);
     fill(z.offload_optimizer.device, "zero_optimization.offload_optimizer.device", facts_.offload_optimizer_device);
     fill(z.offload_param.device, "zero_optimization.offload_param.device", facts_.offload_param_device);
+    nvme_path(z.offload_optimizer.nvme_path, "zero_optimization.offload_optimizer.nvme_path", facts_.offload_optimizer_nvme_path);
+    nvme_path(z.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path", facts_.offload_param_nvme_path);
     fill(z.stage3_gather_16bit_weights_on_model_save, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
          facts_.save_16bit_model);
     precision();
@@ -60,15 +62,26 @@ class Resolver {
     }
   }
 
+  void nvme_path(std::string& value, const std::string& path, const std::optional<std::string>& fact) {
+    if (!value.empty() || !fact) return;
+    value = *fact;
+    c_.provenance.set(path, Origin::derived, "from the command line (--" + std::string(path.find("optimizer") != std::string::npos
+                                                                                    ? "offload-optimizer-nvme-path"
+                                                                                    : "offload-param-nvme-path") + ")");
+  }
+
   void missing(const std::string& path, const std::string& fact) {
     c_.provenance.set(path, Origin::pending_auto, fact);
     if (strict_) errors_.add(path, 0, "\"auto\" cannot be resolved: it needs " + fact);
   }
 
+  // fp16/bf16 "auto" follow the mixed precision mode. Like Accelerate, the mode also turns on a
+  // precision whose section the file leaves out (fp16 then also casts inputs: auto_cast).
   void precision() {
     auto& fp16 = c_.fp16.enabled;
     auto& bf16 = c_.bf16.enabled;
-    if (!fp16.is_auto && !bf16.is_auto) return;
+    const bool fp16_absent = c_.provenance.get("fp16.enabled").origin == Origin::default_value;
+    const bool bf16_absent = c_.provenance.get("bf16.enabled").origin == Origin::default_value;
     if (!facts_.mixed_precision) {
       if (fp16.is_auto) missing("fp16.enabled", fact_for("fp16.enabled"));
       if (bf16.is_auto) missing("bf16.enabled", fact_for("bf16.enabled"));
@@ -76,12 +89,24 @@ class Resolver {
     }
     const std::string& mode = *facts_.mixed_precision;
     if (mode != "no" && mode != "fp16" && mode != "bf16") {
-      errors_.add("fp16.enabled", 0, "mixed precision fact must be no, fp16 or bf16, got \"" + mode + "\"");
+      errors_.add("fp16.enabled", 0, "the mixed precision mode must be no, fp16 or bf16, got \"" + mode + "\"");
       return;
     }
     const std::string note = "from the mixed precision mode " + mode;
-    if (fp16.is_auto) fp16 = Auto<bool>(mode == "fp16"), c_.provenance.set("fp16.enabled", Origin::derived, note);
-    if (bf16.is_auto) bf16 = Auto<bool>(mode == "bf16"), c_.provenance.set("bf16.enabled", Origin::derived, note);
+    const bool fp16_given_on = !fp16_absent && !fp16.is_auto && fp16.value;
+    const bool bf16_given_on = !bf16_absent && !bf16.is_auto && bf16.value;
+    if (fp16.is_auto || (fp16_absent && mode == "fp16" && !bf16_given_on)) {
+      fp16 = Auto<bool>(mode == "fp16");
+      c_.provenance.set("fp16.enabled", Origin::derived, note);
+      if (fp16_absent && mode == "fp16" && c_.provenance.get("fp16.auto_cast").origin == Origin::default_value) {
+        c_.fp16.auto_cast = true;
+        c_.provenance.set("fp16.auto_cast", Origin::derived, "true when fp16 comes from the mixed precision mode");
+      }
+    }
+    if (bf16.is_auto || (bf16_absent && mode == "bf16" && !fp16_given_on)) {
+      bf16 = Auto<bool>(mode == "bf16");
+      c_.provenance.set("bf16.enabled", Origin::derived, note);
+    }
   }
 
   void scheduler(SchedulerConfig& s) {

@@ -50,6 +50,8 @@ struct Facts {
   std::optional<std::int64_t> zero_stage;
   std::optional<OffloadDevice> offload_optimizer_device;
   std::optional<OffloadDevice> offload_param_device;
+  std::optional<std::string> offload_optimizer_nvme_path;  // used when the file leaves nvme_path out
+  std::optional<std::string> offload_param_nvme_path;
   std::optional<bool> save_16bit_model;
 };
 

@@ -27,6 +27,19 @@ std::string list_words(const std::vector<std::string>& words) {
   return out;
 }
 
+// DeepSpeed reads a null like a missing key; TOML cannot write one. Dropping nulls inside tables
+// keeps pass-through values equal across both syntaxes.
+Node without_nulls(const Node& node) {
+  Node out = node;
+  if (node.is_table()) {
+    out.fields.clear();
+    for (const auto& [key, value] : node.fields) {
+      if (value.kind != Node::Kind::null) out.fields.emplace_back(key, without_nulls(value));
+    }
+  }
+  return out;
+}
+
 template <class T> struct IsAuto : std::false_type {};
 template <class T> struct IsAuto<Auto<T>> : std::true_type {};
 template <class T> constexpr bool is_auto_v = IsAuto<T>::value;
@@ -176,7 +189,7 @@ class Decoder {
       const std::string path = join(s.path, key);
       if (const KeyRule* rule = find_key_rule(s.section, key)) {
         if (rule->kind == KeyKind::alias) continue;  // already reported
-        if (value.kind != Node::Kind::null) config_.passthrough[path] = to_json_text(value);
+        if (value.kind != Node::Kind::null) config_.passthrough[path] = to_json_text(without_nulls(value));
         if (rule->kind == KeyKind::unsupported && !is_inert(*rule, value)) {
           config_.unsupported.push_back(UnsupportedKey{path, to_json_text(value), rule->why});
         } else {
@@ -290,12 +303,12 @@ class Decoder {
   }
 
   // ---- values ----
-  bool fail(const std::string& path, const Node& node, const std::string& expected) {
+  bool fail(const std::string& path, const Node& node, const std::string& expected, const std::string& hint = {}) {
     errors_.add(path, node.line, "expected " + expected + ", got " + to_json_text(node) +
                                      (node.kind == Node::Kind::string || node.kind == Node::Kind::table ||
                                               node.kind == Node::Kind::array
                                           ? " (" + kind_name(node) + ")"
-                                          : ""));
+                                          : "") + hint);
     return false;
   }
 
@@ -401,8 +414,8 @@ class Decoder {
         }
       }
       const std::string suggestion = closest_key(node.string, names);
-      return fail(path, node, "one of " + list_words(names) +
-                                  (suggestion.empty() ? std::string() : " (did you mean \"" + suggestion + "\"?)"));
+      return fail(path, node, "one of " + list_words(names),
+                  suggestion.empty() ? std::string() : "; did you mean \"" + suggestion + "\"?");
     }
     return fail(path, node, "one of " + list_words(names));
   }

@@ -12,7 +12,11 @@ class Encoder {
 
   template <class T>
   void field(const char* key, T& value, bool applies = true) {
-    if (applies) stack_.back()->set(key, to_node(value));
+    if (!applies) return;
+    if constexpr (std::is_same_v<T, Auto<std::int64_t>>) {
+      if (!value.is_auto && value.value == 0 && means_not_given(key)) return;
+    }
+    stack_.back()->set(key, to_node(value));
   }
 
   template <class S>
@@ -46,6 +50,12 @@ class Encoder {
   }
 
  private:
+  // Batch sizes and total_num_steps use 0 for "not given"; writing 0 would read back as given.
+  static bool means_not_given(const std::string& key) {
+    return key == "train_batch_size" || key == "train_micro_batch_size_per_gpu" || key == "gradient_accumulation_steps" ||
+           key == "total_num_steps";
+  }
+
   static Node to_node(bool v) { return Node::of(v); }
   static Node to_node(std::int64_t v) { return Node::of(v); }
   static Node to_node(double v) { return Node::of(v); }
