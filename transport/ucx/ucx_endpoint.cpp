@@ -2,6 +2,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -78,6 +79,12 @@ UcxEndpoint::UcxEndpoint(UcxContext& context, const std::vector<uint8_t>& peer_a
 
 UcxEndpoint::~UcxEndpoint() {
   if (!ep_) return;
+  for (void* request : pending_) {
+    try {
+      context_.wait(request, std::chrono::seconds(5), "put to " + peer_name_);
+    } catch (const std::exception&) {
+    }
+  }
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -107,6 +114,32 @@ void UcxEndpoint::put(const void* local, size_t bytes, const UcxRemoteKey& remot
   context_.wait(request, timeout, "put of " + std::to_string(bytes) + " bytes to " + peer_name_);
 }
 
+void UcxEndpoint::put_nowait(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
+                             std::chrono::milliseconds timeout) {
+  check_range("put", remote, offset, bytes);
+  if (bytes == 0) return;
+  if (pending_.size() >= kMaxPending) {
+    // Fast path: progress until the oldest put is done; the named, bounded wait only when slow.
+    void* oldest = pending_.front();
+    pending_.pop_front();
+    for (int spin = 0; spin < 4096 && ucp_request_check_status(oldest) == UCS_INPROGRESS; ++spin)
+      ucp_worker_progress(context_.worker());
+    if (ucp_request_check_status(oldest) == UCS_OK) {
+      ucp_request_free(oldest);
+    } else {
+      context_.wait(oldest, timeout, "put to " + peer_name_);
+    }
+  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  param.cb.send = noop_send;
+  void* request = ucp_put_nbx(ep_, local, bytes, remote.base() + offset, remote.handle(), &param);
+  if (UCS_PTR_IS_ERR(request))
+    throw TransportError("UCX put of " + std::to_string(bytes) + " bytes to " + peer_name_ +
+                         " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
+  if (request) pending_.push_back(request);
+}
+
 void UcxEndpoint::get(void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
                       std::chrono::milliseconds timeout) {
   check_range("get", remote, offset, bytes);
@@ -119,6 +152,13 @@ void UcxEndpoint::get(void* local, size_t bytes, const UcxRemoteKey& remote, siz
 }
 
 void UcxEndpoint::flush(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pending_.empty()) {
+    void* request = pending_.front();
+    pending_.pop_front();
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    context_.wait(request, std::max(left, std::chrono::milliseconds(1)), "put to " + peer_name_);
+  }
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
   param.cb.send = noop_send;

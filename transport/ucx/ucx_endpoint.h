@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,9 +80,16 @@ class UcxEndpoint {
   // Copies `bytes` from `local` into the peer's buffer at `offset`. `local_memh` may be null.
   void put(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
            std::chrono::milliseconds timeout);
+  // The same without waiting for local completion: up to `kMaxPending` puts stay in flight (the
+  // oldest is waited for beyond that); `local` must stay unchanged until `flush()` returned.
+  // Back-to-back puts this way pipeline like ucx_perftest's ucp_put_bw.
+  void put_nowait(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
+                  std::chrono::milliseconds timeout);
+  static constexpr size_t kMaxPending = 64;
   // Copies `bytes` of the peer's buffer at `offset` into `local`.
   void get(void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset, std::chrono::milliseconds timeout);
-  // Waits until every earlier put/get through this endpoint is complete at the peer.
+  // Waits until every earlier put/get through this endpoint (put_nowait included) is complete at
+  // the peer.
   void flush(std::chrono::milliseconds timeout);
   // Sends `bytes` with `tag` (the peer receives with UcxEndpoint::receive or ucx_receive).
   void send(const void* data, size_t bytes, uint64_t tag, std::chrono::milliseconds timeout);
@@ -98,6 +106,7 @@ class UcxEndpoint {
   UcxContext& context_;
   std::string peer_name_;
   ucp_ep_h ep_ = nullptr;
+  std::deque<void*> pending_;  // put_nowait requests, oldest first
 };
 
 // Receives one message with exactly `tag` from any peer into `data` (capacity `bytes`); returns

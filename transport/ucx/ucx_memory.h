@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 typedef struct ucp_mem* ucp_mem_h;
@@ -25,6 +26,10 @@ class UcxMemory {
  public:
   // Registers [address, address + bytes) (bytes may be 0: nothing to register).
   UcxMemory(UcxContext& context, void* address, size_t bytes);
+  // Allocates `bytes` through UCX (ucp_mem_map ALLOCATE) and registers them. On one machine UCX
+  // places them in shared memory, so peers' puts land with one copy instead of being emulated
+  // over active messages: the fast choice for a target buffer (a rollout engine's weights).
+  static std::unique_ptr<UcxMemory> allocate(UcxContext& context, size_t bytes);
   ~UcxMemory();
   UcxMemory(const UcxMemory&) = delete;
   UcxMemory& operator=(const UcxMemory&) = delete;
@@ -40,6 +45,9 @@ class UcxMemory {
   void* address_;
   size_t bytes_;
   ucp_mem_h memh_ = nullptr;
+
+  struct Allocated {};
+  UcxMemory(UcxContext& context, size_t bytes, Allocated);
 };
 
 }  // namespace tessera::transport
