@@ -98,6 +98,7 @@ const KeyRule kRules[] = {
     {"zero_optimization", "max_reuse_distance", A, "stage3_max_reuse_distance", ""},
     {"zero_optimization", "mics_shard_size", U, "-1", "MiCS sharding"},
     {"zero_optimization", "zeropp_loco_param", U, "null", "LoCo quantized-gradient compensation"},
+    {"zero_optimization", "zenflow", U, "", "ZenFlow asynchronous offload updates"},
     {"zero_optimization", "cpu_offload", U, "false", "the deprecated cpu_offload switch (use offload_optimizer)"},
     {"zero_optimization", "cpu_offload_param", U, "false", "the deprecated cpu_offload_param switch (use offload_param)"},
     {"zero_optimization", "offload_optimizer_config", U, "", "the deprecated offload spelling"},

@@ -1,5 +1,7 @@
 #include "core/config/detail/encode.h"
 
+#include <algorithm>
+
 #include "core/config/detail/enum_names.h"
 #include "core/config/detail/fields.h"
 
@@ -108,6 +110,15 @@ Node encode(const Config& config) {
   visit(copy, encoder);
   if (copy.optimizer) encoder.typed("optimizer", *copy.optimizer);
   if (copy.scheduler) encoder.typed("scheduler", *copy.scheduler);
+  // Read top-down like DeepSpeed's documentation: batch, precision, optimizer, scheduler, ZeRO, ...
+  auto& fields = root.fields;
+  const auto precision_end = std::find_if(fields.begin(), fields.end(), [](const auto& f) { return f.first == "zero_optimization"; });
+  const auto typed_begin = std::find_if(fields.begin(), fields.end(), [](const auto& f) {
+    return f.first == "optimizer" || f.first == "scheduler";
+  });
+  if (precision_end != fields.end() && typed_begin != fields.end() && precision_end < typed_begin) {
+    std::rotate(precision_end, typed_begin, fields.end());
+  }
   for (const auto& [path, text] : copy.passthrough) put_passthrough(root, path, text);
   return root;
 }
