@@ -43,10 +43,11 @@ void hash_map(detail::Fnv64& h, const TensorMap& map) {
     h.add(storage.buffer_shape);
     pieces.clear();
     for (const auto& p : storage.pieces) pieces.push_back(&p);
-    std::sort(pieces.begin(), pieces.end(), [](const Piece* a, const Piece* b) {
+    auto before = [](const Piece* a, const Piece* b) {
       if (a->box != b->box) return a->box < b->box;
       return a->offset < b->offset;
-    });
+    };
+    if (!std::is_sorted(pieces.begin(), pieces.end(), before)) std::sort(pieces.begin(), pieces.end(), before);
     h.add(static_cast<uint64_t>(pieces.size()));
     for (const Piece* p : pieces) {
       h.add(p->box.origin);

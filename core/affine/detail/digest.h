@@ -1,6 +1,7 @@
-// Fnv64: the FNV-1a 64-bit hash used for plan and input digests. Not cryptographic: it detects
-// processes that planned different inputs, not adversaries. Stable across platforms (integers are
-// hashed as 8 little-endian bytes).
+// Fnv64: an FNV-1a-style 64-bit hash over 64-bit words (xor a word, multiply by the FNV prime, fold
+// the high half back in), used for plan and input digests. Not cryptographic: it detects processes
+// that planned different inputs, not adversaries. Platform independent (integers are hashed as
+// values; strings byte by byte).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,9 @@ namespace tessera::affine::detail {
 class Fnv64 {
  public:
   void add(uint64_t value) {
-    for (int i = 0; i < 8; ++i) byte(static_cast<uint8_t>(value >> (8 * i)));
+    h_ ^= value;
+    h_ *= 1099511628211ull;
+    h_ ^= h_ >> 29;
   }
   void add_signed(int64_t value) { add(static_cast<uint64_t>(value)); }
   void add(const std::string& text) {

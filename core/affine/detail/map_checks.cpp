@@ -114,6 +114,8 @@ CheckedMap check_map(const TensorMap& map, const std::string& role, bool allow_r
                               " pieces, over the limit max_pieces = " + std::to_string(limits.max_pieces));
   }
   c.frames.reserve(static_cast<size_t>(c.pieces));
+  std::vector<StridedRegion> regions;
+  std::vector<const Piece*> nonempty;
   for (const auto& [rank, storage] : map.ranks) {
     if (storage.buffer_elements < 0) {
       throw InvalidMapError(describe(map) + ": " + rank_label(c, rank) + " declares a buffer of " +
@@ -124,23 +126,25 @@ CheckedMap check_map(const TensorMap& map, const std::string& role, bool allow_r
                             to_string(storage.buffer_shape) + " but " + std::to_string(storage.buffer_elements) +
                             " elements");
     }
-    std::vector<StridedRegion> regions;
-    std::vector<const Piece*> nonempty;
-    std::vector<Box> boxes;
+    regions.clear();
+    nonempty.clear();
     for (const auto& piece : storage.pieces) {
       check_piece(c, rank, storage, piece);
       if (piece.box.is_empty()) continue;
       nonempty.push_back(&piece);
-      boxes.push_back(piece.box);
       regions.push_back(StridedRegion{piece.offset, piece.box.shape, piece.strides, 1});
       c.frames.push_back(Frame{rank, &piece});
     }
+    if (nonempty.size() < 2) continue;
     if (auto clash = find_overlap(regions, limits.max_overlap_runs)) {
       const Piece& a = *nonempty[clash->first];
       const Piece& b = *nonempty[clash->second];
       throw StorageOverlapError(describe(map) + ": " + rank_label(c, rank) + " pieces " + to_string(a.box) + " and " +
                                 to_string(b.box) + " both occupy part of the same storage addresses");
     }
+    std::vector<Box> boxes;
+    boxes.reserve(nonempty.size());
+    for (const Piece* p : nonempty) boxes.push_back(p->box);
     BoxIndex index(std::move(boxes));
     for (size_t i = 0; i < index.size(); ++i) {
       index.for_each_overlap(index.box(i), [&](size_t j, const Box&) {
@@ -150,8 +154,22 @@ CheckedMap check_map(const TensorMap& map, const std::string& role, bool allow_r
         }
       });
     }
-    c.rank_index.emplace(rank, std::move(index));
   }
+  // Logical boxes of one rank, built only when a holder claim needs checking.
+  std::map<int, BoxIndex> rank_index;
+  auto held_volume = [&](int holder, const Box& box) -> int64_t {
+    auto it = rank_index.find(holder);
+    if (it == rank_index.end()) {
+      std::vector<Box> boxes;
+      auto st = map.ranks.find(holder);
+      if (st != map.ranks.end()) {
+        for (const auto& p : st->second.pieces)
+          if (!p.box.is_empty()) boxes.push_back(p.box);
+      }
+      it = rank_index.emplace(holder, BoxIndex(std::move(boxes))).first;
+    }
+    return it->second.covered_volume(box);
+  };
   std::sort(c.frames.begin(), c.frames.end(), [](const Frame& a, const Frame& b) {
     if (a.piece->box != b.piece->box) return a.piece->box < b.piece->box;
     return a.rank < b.rank;
@@ -170,8 +188,7 @@ CheckedMap check_map(const TensorMap& map, const std::string& role, bool allow_r
       if (declared == ranks) continue;
       for (int holder : declared) {
         if (std::binary_search(ranks.begin(), ranks.end(), holder)) continue;
-        auto it = c.rank_index.find(holder);
-        const int64_t held = it == c.rank_index.end() ? 0 : it->second.covered_volume(box);
+        const int64_t held = held_volume(holder, box);
         if (held < box.volume()) {
           throw HolderError(describe(map) + ": " + rank_label(c, holder) + " is named as a holder of " +
                             to_string(box) + " (by " + rank_label(c, frame.rank) + ") but does not hold it entirely (" +

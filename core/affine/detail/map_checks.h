@@ -31,7 +31,6 @@ struct CheckedMap {
   std::vector<Frame> frames;   // nonempty pieces sorted by (box, rank)
   std::vector<size_t> group_begin;  // frames[group_begin[g] .. group_begin[g+1]) share one box
   int64_t pieces = 0;          // including empty ones
-  std::map<int, BoxIndex> rank_index;  // per rank: logical boxes of its nonempty pieces
 
   size_t groups() const { return group_begin.empty() ? 0 : group_begin.size() - 1; }
   const Box& group_box(size_t g) const { return frames[group_begin[g]].piece->box; }

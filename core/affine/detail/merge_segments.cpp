@@ -120,11 +120,57 @@ void collapse(Segment& s) {
   s = out;
 }
 
-void merge_segments(std::vector<Segment>& segments) {
+namespace {
+
+// b continues a along `axis` on both sides, with equal other extents and strides.
+bool continues(const Segment& a, const Segment& b, int axis) {
+  if (a.source_rank != b.source_rank || a.target_rank != b.target_rank || a.shape.size() != b.shape.size() ||
+      a.source_strides != b.source_strides || a.target_strides != b.target_strides) {
+    return false;
+  }
+  for (int k = 0; k < a.shape.size(); ++k) {
+    if (k != axis && a.shape[k] != b.shape[k]) return false;
+  }
+  return a.source_offset + a.shape[axis] * a.source_strides[axis] == b.source_offset &&
+         a.target_offset + a.shape[axis] * a.target_strides[axis] == b.target_offset;
+}
+
+// Few segments (most tensors): pairwise, no hashing or allocation.
+void merge_small(std::vector<Segment>& segments) {
   bool changed = true;
   while (changed) {
     changed = false;
-    for (int axis = kMaxDims - 1; axis >= 0; --axis) changed = merge_along(segments, axis) || changed;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      for (size_t j = 0; j < segments.size(); ++j) {
+        if (i == j) continue;
+        for (int axis = 0; axis < segments[i].shape.size(); ++axis) {
+          if (!continues(segments[i], segments[j], axis)) continue;
+          segments[i].shape[axis] += segments[j].shape[axis];
+          collapse(segments[i]);
+          segments.erase(segments.begin() + static_cast<long>(j));
+          changed = true;
+          break;
+        }
+        if (changed) break;
+      }
+      if (changed) break;
+    }
+  }
+}
+
+}  // namespace
+
+void merge_segments(std::vector<Segment>& segments) {
+  if (segments.size() <= 32) {
+    merge_small(segments);
+    return;
+  }
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    int max_ndim = 0;
+    for (const auto& s : segments) max_ndim = std::max(max_ndim, s.shape.size());
+    for (int axis = max_ndim - 1; axis >= 0; --axis) changed = merge_along(segments, axis) || changed;
   }
 }
 
