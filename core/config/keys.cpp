@@ -72,6 +72,10 @@ const KeyRule kRules[] = {
     {"optimizer.params", "fused", I, "", "a kernel choice"},
     {"optimizer.params", "foreach", I, "", "a kernel choice"},
     {"optimizer.params", "capturable", I, "", "a CUDA-graph hint"},
+    {"optimizer.params", "set_grad_none", I, "", "gradient buffers are tessera's own"},
+    {"optimizer.params", "maximize", U, "false", "maximizing the objective"},
+    {"zero_optimization.offload_optimizer", "super_offload", U, "false", "SuperOffload"},
+    {"zero_optimization.offload_optimizer", "cpuadam_cores_perc", I, "", "a CPU thread hint"},
     // zero_optimization
     {"zero_optimization", "round_robin_gradients", I, "", "a gradient-copy order hint"},
     {"zero_optimization", "load_from_fp32_weights", I, "", "checkpoint loading option"},

@@ -67,12 +67,14 @@ class Checker {
 
  private:
   void batch() {
-    for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
-      const Auto<std::int64_t>& v = key[6] == 'b' ? c_.train_batch_size
-                                    : key[6] == 'm' ? c_.train_micro_batch_size_per_gpu
-                                                    : c_.gradient_accumulation_steps;
-      if (!v.is_auto && (given(key) || v.value != 0) && v.value < 1) {
-        error(key, "expected a positive integer, got " + std::to_string(v.value));
+    // 0 means "not given" for these three (resolve_auto derives them); a written 0 is an error.
+    const std::pair<const char*, const Auto<std::int64_t>*> sizes[] = {
+        {"train_batch_size", &c_.train_batch_size},
+        {"train_micro_batch_size_per_gpu", &c_.train_micro_batch_size_per_gpu},
+        {"gradient_accumulation_steps", &c_.gradient_accumulation_steps}};
+    for (const auto& [key, value] : sizes) {
+      if (!value->is_auto && (given(key) || value->value != 0) && value->value < 1) {
+        error(key, "expected a positive integer, got " + std::to_string(value->value));
       }
     }
     at_least("gradient_clipping", c_.gradient_clipping, 0.0);
