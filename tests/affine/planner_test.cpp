@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "core/affine/builders.h"
 #include "core/affine/errors.h"
@@ -250,4 +251,36 @@ TEST_CASE("plan: deterministic, independent of piece and rank order", "[affine][
   PlanOptions balanced;
   balanced.policy = ReplicaPolicy::balanced();
   CHECK(affine::plan(bigcode(2), src).input_digest != affine::plan(bigcode(2), src, balanced).input_digest);
+}
+
+TEST_CASE("plan: seven layouts x degree pairs {1,2,4}^2 against the oracle", "[affine][planner]") {
+  // DeepSpeed's layouts: row_even 8x8, row_uneven 11x8, column 8x24, replicated 5x6, sub_params 12x8
+  // (8,4), bigcode 48x8, yuan_gather 8x64 (8 column blocks of 8, rank r holds blocks r, r+d, ...).
+  using Make = std::function<TensorMap(int)>;
+  const std::vector<std::pair<std::string, Make>> layouts = {
+      {"row_even", [](int d) { return rows(8, 8, d); }},
+      {"row_uneven", [](int d) { return rows(11, 8, d); }},
+      {"column", [](int d) { return cols(8, 24, d); }},
+      {"replicated", [](int d) { return replicated({"w", DType::f32, {5, 6}}, d); }},
+      {"sub_params", [](int d) { return sub_param_split_even({"w", DType::f32, {12, 8}}, 0, {8, 4}, d); }},
+      {"bigcode", [](int d) { return bigcode(d); }},
+      {"yuan_gather", [](int d) {
+         std::vector<std::vector<int64_t>> ids(static_cast<size_t>(d));
+         for (int64_t b = 0; b < 8; ++b) ids[static_cast<size_t>(b % d)].push_back(b);
+         return block_gather({"w", DType::f32, {8, 64}}, 1, 8, ids);
+       }}};
+  for (const auto& [name, make] : layouts) {
+    for (int from : {1, 2, 4}) {
+      for (int to : {1, 2, 4}) {
+        INFO(name << " " << from << " -> " << to);
+        const TensorMap src = make(from), dst = make(to);
+        for (const auto& policy : {ReplicaPolicy::lowest(), ReplicaPolicy::balanced()}) {
+          PlanOptions o;
+          o.policy = policy;
+          const Plan p = affine::plan(dst, src, o);
+          CHECK(check_transfer(dst, src, p).empty());
+        }
+      }
+    }
+  }
 }
