@@ -9,6 +9,9 @@
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 
+#include <map>
+#include <tuple>
+
 #include "core/error.h"
 #include "transport/detail/backend.h"
 #include "transport/detail/c10d_store.h"
@@ -127,24 +130,50 @@ class GlooBackend : public Backend {
   }
 
  private:
-  // gloo's halving-doubling reduce-scatter reduces in place over a copy of the input (the
-  // input stays as it was) and leaves this rank's chunk at the front of the buffer.
+  // gloo's halving-doubling reduce-scatter reduces in place in its buffer and leaves this rank's
+  // chunk at the front. Gloo algorithms are built once and run many times: one instance (with its
+  // own buffer) per (dtype, elements, op), made at the first such call, which every rank reaches
+  // at the same sequence number; the input stays as it was. At most kCachedAlgorithms are kept,
+  // the least recently used goes first (the same choice on every rank: same program order).
   template <typename T>
   void reduce_scatter_as(const at::Tensor& input, at::Tensor& output, ReduceOp op, at::ScalarType type) {
-    at::Tensor work = input.to(type, /*non_blocking=*/false, /*copy=*/true);
     const int64_t chunk = output.numel();
-    if (chunk > std::numeric_limits<int>::max())
-      throw TransportError("gloo reduce_scatter: chunk of " + std::to_string(chunk) + " elements exceeds 2^31-1");
-    std::vector<int> recv_elements(size_, static_cast<int>(chunk));
-    const gloo::ReductionFunction<T>* fn =
-        op == ReduceOp::max ? gloo::ReductionFunction<T>::max : gloo::ReductionFunction<T>::sum;
-    gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, {work.data_ptr<T>()}, static_cast<int>(work.numel()),
-                                                    recv_elements, fn);
-    algorithm.run();
-    at::Tensor mine = work.narrow(0, 0, chunk);
+    if (input.numel() > std::numeric_limits<int>::max())
+      throw TransportError("gloo reduce_scatter: " + std::to_string(input.numel()) + " elements exceed 2^31-1");
+    auto key = std::make_tuple(static_cast<int>(type), input.numel(), static_cast<int>(op == ReduceOp::max));
+    auto it = reduce_scatters_.find(key);
+    if (it == reduce_scatters_.end()) {
+      if (reduce_scatters_.size() >= kCachedAlgorithms) {
+        auto oldest = reduce_scatters_.begin();
+        for (auto i = reduce_scatters_.begin(); i != reduce_scatters_.end(); ++i)
+          if (i->second.last_use < oldest->second.last_use) oldest = i;
+        reduce_scatters_.erase(oldest);
+      }
+      CachedReduceScatter entry;
+      entry.buffer = at::empty({input.numel()}, input.options().dtype(type));
+      std::vector<int> recv_elements(size_, static_cast<int>(chunk));
+      const gloo::ReductionFunction<T>* fn =
+          op == ReduceOp::max ? gloo::ReductionFunction<T>::max : gloo::ReductionFunction<T>::sum;
+      entry.algorithm = std::make_unique<gloo::ReduceScatterHalvingDoubling<T>>(
+          context_, std::vector<T*>{entry.buffer.data_ptr<T>()}, static_cast<int>(input.numel()), recv_elements, fn);
+      it = reduce_scatters_.emplace(key, std::move(entry)).first;
+    }
+    it->second.last_use = ++uses_;
+    it->second.buffer.copy_(input);
+    it->second.algorithm->run();
+    at::Tensor mine = it->second.buffer.narrow(0, 0, chunk);
     if (op == ReduceOp::avg) mine.div_(size_);
     output.copy_(mine);
   }
+
+  struct CachedReduceScatter {
+    at::Tensor buffer;
+    std::unique_ptr<gloo::Algorithm> algorithm;
+    uint64_t last_use = 0;
+  };
+  static constexpr size_t kCachedAlgorithms = 8;
+  std::map<std::tuple<int, int64_t, int>, CachedReduceScatter> reduce_scatters_;
+  uint64_t uses_ = 0;
 
   std::string name_ = "gloo";
   int rank_;
