@@ -10,9 +10,9 @@ namespace tessera::nn {
 namespace {
 
 struct CausalSelfAttentionImpl : torch::nn::Module {
-  CausalSelfAttentionImpl(int64_t d_model, int64_t n_head) : n_head(n_head) {
-    c_attn = register_module("c_attn", torch::nn::Linear(d_model, 3 * d_model));
-    c_proj = register_module("c_proj", torch::nn::Linear(d_model, d_model));
+  CausalSelfAttentionImpl(int64_t d_model, int64_t n_head, bool bias) : n_head(n_head) {
+    c_attn = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(d_model, 3 * d_model).bias(bias)));
+    c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(bias)));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     const auto B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head;
@@ -31,9 +31,9 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
 TORCH_MODULE(CausalSelfAttention);
 
 struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(int64_t d_model) {
-    c_fc = register_module("c_fc", torch::nn::Linear(d_model, 4 * d_model));
-    c_proj = register_module("c_proj", torch::nn::Linear(4 * d_model, d_model));
+  MlpImpl(int64_t d_model, bool bias) {
+    c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(d_model, 4 * d_model).bias(bias)));
+    c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * d_model, d_model).bias(bias)));
   }
   torch::Tensor forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x))); }
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
@@ -41,11 +41,11 @@ struct MlpImpl : torch::nn::Module {
 TORCH_MODULE(Mlp);
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t d_model, int64_t n_head) {
+  BlockImpl(int64_t d_model, int64_t n_head, bool bias) {
     ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
-    attn = register_module("attn", CausalSelfAttention(d_model, n_head));
+    attn = register_module("attn", CausalSelfAttention(d_model, n_head, bias));
     ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
-    mlp = register_module("mlp", Mlp(d_model));
+    mlp = register_module("mlp", Mlp(d_model, bias));
   }
   torch::Tensor forward(torch::Tensor x) {
     x = x + attn(ln_1(x));
@@ -62,7 +62,7 @@ struct GptModule : torch::nn::Module {
     wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.d_model));
     wpe = register_module("wpe", torch::nn::Embedding(c.context, c.d_model));
     h = register_module("h", torch::nn::ModuleList());
-    for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c.d_model, c.n_head));
+    for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c.d_model, c.n_head, c.bias));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.vocab_size).bias(false)));
   }
@@ -79,12 +79,12 @@ struct TinyGpt::Impl {
 };
 
 int64_t gpt_parameter_count(const GptConfig& c) {
-  const int64_t d = c.d_model;
+  const int64_t d = c.d_model, b = c.bias ? 1 : 0;
   const int64_t block = 2 * 2 * d                  // ln_1, ln_2 (weight + bias)
-                        + d * 3 * d + 3 * d          // c_attn
-                        + d * d + d                  // attn.c_proj
-                        + d * 4 * d + 4 * d          // c_fc
-                        + 4 * d * d + d;             // mlp.c_proj
+                        + d * 3 * d + b * 3 * d      // c_attn
+                        + d * d + b * d              // attn.c_proj
+                        + d * 4 * d + b * 4 * d      // c_fc
+                        + 4 * d * d + b * d;         // mlp.c_proj
   return c.vocab_size * d + c.context * d + c.n_layer * block + 2 * d + d * c.vocab_size;
 }
 

@@ -6,7 +6,7 @@
 //   Block: x + attn(ln_1(x)), then x + mlp(ln_2(x)); attn uses c_attn [d -> 3d] and c_proj [d -> d]
 //   with a causal mask; mlp uses c_fc [d -> 4d], GELU, c_proj [4d -> d].
 // Parameter names follow GPT-2 ("h.0.attn.c_attn.weight"), so tensor-parallel presets and
-// checkpoints can name them. Default config: 3.3 M parameters.
+// checkpoints can name them. Default config: 3.31 M parameters.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,6 +26,10 @@ struct GptConfig {
   int64_t d_model = 256;
   int64_t n_layer = 4;
   int64_t n_head = 4;
+  // Biases in the Linear layers (nanoGPT's `bias`). Off by default: besides saving parameters, the
+  // key bias has a mathematically zero gradient (softmax ignores a shift shared by all keys), so
+  // Adam turns its rounding noise into full-size updates that differ with summation order.
+  bool bias = false;
   uint64_t seed = 1234;      // parameter initialisation
 };
 

@@ -14,10 +14,16 @@ TEST_CASE("Parameter count matches the closed form and names follow GPT-2", "[nn
   int64_t total = 0;
   for (auto& p : model.module()->parameters()) total += p.numel();
   CHECK(total == tessera::nn::gpt_parameter_count(c));
-  CHECK(total == 3323392);  // 65536 + 32768 + 4 * 789760 + 512 + 65536, derived from the shapes
+  CHECK(total == 3314176);  // 65536 + 32768 + 4 * 787456 + 512 + 65536, derived from the shapes
+  c.bias = true;
+  int64_t with_bias = 0;
+  for (auto& p : TinyGpt(c).module()->parameters()) with_bias += p.numel();
+  CHECK(with_bias == tessera::nn::gpt_parameter_count(c));
+  CHECK(with_bias == 3323392);  // + 4 * (768 + 256 + 1024 + 256)
   auto named = model.module()->named_parameters();
   CHECK(named.contains("h.0.attn.c_attn.weight"));
-  CHECK(named.contains("h.3.mlp.c_proj.bias"));
+  CHECK(named.contains("h.3.ln_2.bias"));
+  CHECK_FALSE(named.contains("h.3.mlp.c_proj.bias"));
   CHECK(named.contains("lm_head.weight"));
 }
 

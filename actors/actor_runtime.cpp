@@ -1,0 +1,34 @@
+#include "actors/actor_runtime.h"
+
+#include <caf/all.hpp>
+
+#include <atomic>
+#include <mutex>
+
+#include "transport/store.h"
+
+namespace tessera::actors {
+
+caf::actor_system& actor_system() {
+  static caf::actor_system* system = [] {
+    static caf::actor_system_config config;  // must outlive the system
+    config.set("scheduler.max-threads", 2);
+    return new caf::actor_system(config);
+  }();
+  return *system;
+}
+
+std::shared_ptr<transport::Store> job_store() {
+  static std::mutex mutex;
+  static std::shared_ptr<transport::Store> store;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!store) store = transport::Store::from_env();
+  return store;
+}
+
+std::string next_communicator_name(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  return prefix + std::to_string(counter++);
+}
+
+}  // namespace tessera::actors

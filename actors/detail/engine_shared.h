@@ -1,0 +1,25 @@
+// What the actors of one engine share by handle: the flat buffers (each actor touches only the
+// part it owns at a given moment, in the order the protocol fixes), the bucket plan and the
+// data-parallel communicator. Built once by the engine, immutable afterwards.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "core/zero/bucket_plan.h"
+#include "core/zero/flat_parameters.h"
+#include "transport/communicator.h"
+
+namespace tessera::actors::detail {
+
+struct EngineShared {
+  int64_t stage = 0;
+  int rank = 0;        // in the data-parallel group
+  int world = 1;       // data-parallel size
+  std::shared_ptr<transport::Communicator> dp;  // nullptr when world == 1
+  std::unique_ptr<zero::FlatParameters> flat;   // laid out for `world` (stage >= 1) or 1 (stage 0)
+  zero::BucketPlan plan;
+  std::chrono::milliseconds timeout{300000};
+};
+
+}  // namespace tessera::actors::detail

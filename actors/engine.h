@@ -1,0 +1,96 @@
+// The Engine is what users hold: tessera's counterpart of DeepSpeed's training engine, driving a
+// stock LibTorch module with ZeRO stages 0, 1 and 2 over a data-parallel group.
+//
+//   auto engine = tessera::initialize(model, config);     // every rank, same model and config
+//   for (step...) { auto loss = ...model forward...;       // the user's own forward
+//                   engine->backward(loss);               // (loss / accumulation steps).backward()
+//                   engine->step(); }                     // updates at accumulation boundaries
+//
+// What happens: initialize() moves the module's trainable parameters into one flat buffer (each
+// parameter becomes a view, so the module's weights are always the engine's) and their gradients
+// into a second one; pinned AccumulateGrad hooks report each gradient as final, and the
+// gradient-reducer actor reduces buckets of the flat gradients while backward goes on (all-reduce
+// at stages 0/1, reduce-scatter at stage 2). step() asks the optimizer-shard actor to wait for the
+// reductions, clip, update this rank's partition and have the parameter-shard all-gather it.
+//
+// Gradients are accumulated locally over the micro-steps of one batch and reduced once, in the
+// backward of the boundary micro-step. In fp32 at 2 ranks the result equals a single-process
+// LibTorch run that averages the ranks' gradients bit for bit (tests/engine checks it).
+//
+// Not yet (each refused with a clear error at initialize): fp16/bf16/autocast, ZeRO-3, offload,
+// tensor parallelism, parameter groups. Cross-rank contract: every rank calls backward/step the
+// same number of times, with the same accumulation boundaries.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "core/config/config.h"
+#include "core/config/resolve_auto.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace tessera {
+
+namespace transport {
+class Communicator;
+}
+
+struct InitializeOptions {
+  // The data-parallel group. nullptr: from tessera-launch's environment (RANK, WORLD_SIZE,
+  // MASTER_ADDR, MASTER_PORT) when WORLD_SIZE > 1, else a single-rank engine.
+  std::shared_ptr<transport::Communicator> world;
+  // Facts for "auto" values (the world size is filled in by initialize).
+  config::Facts facts;
+};
+
+class Engine {
+ public:
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Backward of `loss` (a scalar) divided by gradient_accumulation_steps; at the accumulation
+  // boundary, gradients are reduced while it runs.
+  void backward(const at::Tensor& loss);
+  // At an accumulation boundary: one optimizer update (waits for it) and a scheduler step, then
+  // zeroes the gradients. Otherwise only counts the micro-step.
+  void step();
+  // Zeroes the accumulated gradients.
+  void zero_grad();
+  // The loss as backward() would differentiate it (divided by the accumulation steps), for a
+  // manual loss.backward().
+  at::Tensor scale(const at::Tensor& loss) const;
+
+  bool is_gradient_accumulation_boundary() const;
+  double get_lr() const;              // the lr the next update uses
+  int64_t global_steps() const;       // optimizer updates done
+  int64_t micro_steps() const;        // step() calls
+  int64_t skipped_steps() const;      // updates skipped (fp16 overflow)
+  double loss_scale() const;          // 1 without fp16
+  double last_grad_norm() const;      // of the last update with clipping, else -1
+  void train();
+  void eval();
+  std::shared_ptr<torch::nn::Module> module() const;
+  const config::Config& config() const;  // resolved
+  int rank() const;
+  int world_size() const;
+
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Builds an engine for `model` on every rank (collective over the data-parallel group).
+// Validates everything first: a bad or unsupported setting is a ConfigError naming the key and
+// nothing about the model has changed.
+std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, const config::Config& config,
+                                   const InitializeOptions& options = {});
+
+}  // namespace tessera

@@ -1,0 +1,97 @@
+#include "actors/engine_settings.h"
+
+#include "core/error.h"
+
+namespace tessera::actors {
+namespace {
+
+[[noreturn]] void not_yet(const config::Config& c, const std::string& key, const std::string& what) {
+  throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") + key + ": " + what +
+                    " is not supported by the engine yet");
+}
+
+}  // namespace
+
+EngineSettings engine_settings(const config::Config& c) {
+  EngineSettings s;
+  s.stage = c.zero_optimization.stage.value;
+  if (s.stage < 0 || s.stage > 3)
+    throw ConfigError("zero_optimization.stage = " + std::to_string(s.stage) + ": expected 0, 1, 2 or 3");
+  if (s.stage == 3) not_yet(c, "zero_optimization.stage", "ZeRO stage 3");
+  if (c.fp16.enabled.value) not_yet(c, "fp16.enabled", "fp16 mixed precision");
+  if (c.bf16.enabled.value) not_yet(c, "bf16.enabled", "bf16 mixed precision");
+  if (c.torch_autocast.enabled) not_yet(c, "torch_autocast.enabled", "autocast");
+  if (c.zero_optimization.offload_optimizer.device.value != config::OffloadDevice::none)
+    not_yet(c, "zero_optimization.offload_optimizer.device", "optimizer offload");
+  if (c.zero_optimization.offload_param.device.value != config::OffloadDevice::none)
+    not_yet(c, "zero_optimization.offload_param.device", "parameter offload");
+  if (c.tensor_parallel.autotp_size > 1) not_yet(c, "tensor_parallel.autotp_size", "tensor parallelism");
+  s.gradient_accumulation_steps = std::max<int64_t>(1, c.gradient_accumulation_steps.value);
+  s.max_grad_norm = c.gradient_clipping.value;
+  s.reduce_bucket_elements = c.zero_optimization.reduce_bucket_size.value;
+  s.collective_timeout_ms = c.tessera.transport.collective_timeout_ms;
+
+  if (!c.optimizer) throw ConfigError("optimizer: the engine needs an `optimizer` section (type and params)");
+  const auto& o = *c.optimizer;
+  auto& opt = s.optimizer;
+  switch (o.type) {
+    case config::OptimizerType::adam:
+      opt.kind = o.adam_w_mode ? optim::OptimizerKind::AdamW : optim::OptimizerKind::Adam;
+      break;
+    case config::OptimizerType::adamw: opt.kind = optim::OptimizerKind::AdamW; break;
+    case config::OptimizerType::sgd: opt.kind = optim::OptimizerKind::SGD; break;
+    case config::OptimizerType::adagrad: opt.kind = optim::OptimizerKind::Adagrad; break;
+    case config::OptimizerType::lion: opt.kind = optim::OptimizerKind::Lion; break;
+  }
+  if (!o.bias_correction) not_yet(c, "optimizer.params.bias_correction", "Adam without bias correction");
+  opt.lr = o.lr.value;
+  opt.beta1 = o.betas.value[0];
+  opt.beta2 = o.betas.value[1];
+  opt.eps = o.eps.value;
+  opt.weight_decay = o.weight_decay.value;
+  opt.amsgrad = o.amsgrad;
+  opt.momentum = o.momentum;
+  opt.dampening = o.dampening;
+  opt.nesterov = o.nesterov;
+  opt.lr_decay = o.lr_decay;
+  opt.initial_accumulator_value = o.initial_accumulator_value;
+
+  auto& sch = s.schedule;
+  sch.base_lr = opt.lr;
+  if (c.scheduler) {
+    const auto& p = *c.scheduler;
+    switch (p.type) {
+      case config::SchedulerType::warmup_lr: sch.kind = optim::ScheduleKind::WarmupLR; break;
+      case config::SchedulerType::warmup_decay_lr: sch.kind = optim::ScheduleKind::WarmupDecayLR; break;
+      case config::SchedulerType::warmup_cosine_lr: sch.kind = optim::ScheduleKind::WarmupCosineLR; break;
+      case config::SchedulerType::one_cycle: sch.kind = optim::ScheduleKind::OneCycle; break;
+    }
+    sch.warmup_min_lr = p.warmup_min_lr.value;
+    sch.warmup_max_lr = p.warmup_max_lr.value;
+    sch.warmup_num_steps = p.warmup_num_steps.value;
+    sch.warmup_type = p.warmup_type == "linear" ? optim::WarmupType::Linear : optim::WarmupType::Log;
+    sch.total_num_steps = p.total_num_steps.value;
+    sch.warmup_min_ratio = p.warmup_min_ratio;
+    sch.cos_min_ratio = p.cos_min_ratio;
+    sch.cycle_min_lr = p.cycle_min_lr;
+    sch.cycle_max_lr = p.cycle_max_lr;
+    sch.decay_lr_rate = p.decay_lr_rate;
+    sch.cycle_first_step_size = p.cycle_first_step_size;
+    if (p.cycle_second_step_size > 0) sch.cycle_second_step_size = p.cycle_second_step_size;
+    sch.cycle_first_stair_count = p.cycle_first_stair_count;
+    if (p.cycle_second_stair_count > 0) sch.cycle_second_stair_count = p.cycle_second_stair_count;
+    sch.decay_step_size = p.decay_step_size;
+    // DeepSpeed disables momentum cycling for optimizers without betas.
+    sch.cycle_momentum = p.cycle_momentum && (opt.kind == optim::OptimizerKind::Adam ||
+                                              opt.kind == optim::OptimizerKind::AdamW ||
+                                              opt.kind == optim::OptimizerKind::Lion);
+    sch.cycle_min_mom = p.cycle_min_mom;
+    sch.cycle_max_mom = p.cycle_max_mom;
+    sch.decay_mom_rate = p.decay_mom_rate;
+    s.schedule_offset = p.last_batch_iteration + 1;
+  }
+  optim::LrSchedule validate_schedule(sch);  // throws ConfigError naming scheduler.params.<key>
+  return s;
+}
+
+}  // namespace tessera::actors

@@ -1,0 +1,34 @@
+// EngineSettings are the decisions the engine takes from a resolved Config: stage, accumulation,
+// clipping, bucket size, optimizer and schedule options. One function makes them, and it is
+// where a setting the engine cannot honour yet is refused (ConfigError naming the key) before
+// the engine touches the model.
+//
+// Example: {"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.01}}} gives
+// kind AdamW (DeepSpeed's Adam defaults to adam_w_mode = true), lr 1e-3, weight decay 0.01.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/config/config.h"
+#include "core/optim/lr_schedule.h"
+#include "core/optim/optimizer_options.h"
+
+namespace tessera::actors {
+
+struct EngineSettings {
+  int64_t stage = 0;
+  int64_t gradient_accumulation_steps = 1;
+  double max_grad_norm = 0.0;                // 0 = no clipping
+  int64_t reduce_bucket_elements = 500'000'000;
+  optim::OptimizerOptions optimizer;
+  optim::ScheduleOptions schedule;            // Constant when the config has no scheduler
+  int64_t schedule_offset = 0;                // scheduler.params.last_batch_iteration + 1
+  int64_t collective_timeout_ms = 300'000;
+};
+
+// `config` must be resolved (no "auto" left). Throws ConfigError for missing or unsupported
+// settings (fp16/bf16/autocast, ZeRO-3, offload, tensor parallelism, no optimizer section).
+EngineSettings engine_settings(const config::Config& config);
+
+}  // namespace tessera::actors

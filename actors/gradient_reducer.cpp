@@ -1,0 +1,93 @@
+#include "actors/gradient_reducer.h"
+
+#include <ATen/ATen.h>
+
+#include "actors/detail/engine_shared.h"
+#include "actors/protocol.h"
+
+namespace tessera::actors {
+namespace {
+
+struct ReducerState {
+  std::shared_ptr<detail::EngineShared> shared;
+  std::vector<int64_t> missing;  // per bucket: parameters not ready yet
+  std::vector<char> seen;        // per parameter: reported in this backward
+  size_t next = 0;               // next bucket to issue
+  bool active = false;
+  WorkList issued;
+
+  void start() {  // not begin(): CAF would take the state for a container
+    const auto& plan = shared->plan;
+    missing.assign(plan.buckets.size(), 0);
+    for (size_t k = 0; k < plan.buckets.size(); ++k) missing[k] = int64_t(plan.buckets[k].params.size());
+    seen.assign(plan.param_buckets.size(), 0);
+    next = 0;
+    issued = WorkList{};
+    active = true;
+  }
+
+  void issue(size_t k) {
+    if (issued.error) return;  // a failed issue already broke this reduction
+    try {
+      const auto& bucket = shared->plan.buckets[k];
+      const auto& grads = shared->flat->grad_buffer();
+      const int64_t length = bucket.end - bucket.begin;
+      transport::ReduceOptions avg;
+      avg.op = transport::ReduceOp::avg;
+      if (shared->plan.shape == zero::BucketShape::all_reduce) {
+        issued.works.push_back(shared->dp->all_reduce(grads.narrow(0, bucket.begin, length), avg));
+      } else {
+        // Input: slice [r*P + begin, r*P + end) of every rank r, packed; output: our own slice.
+        const int64_t P = shared->flat->layout().partition_numel;
+        auto staging = at::empty({length * shared->world}, grads.options());
+        for (int r = 0; r < shared->world; ++r)
+          staging.narrow(0, r * length, length).copy_(grads.narrow(0, r * P + bucket.begin, length));
+        auto own = grads.narrow(0, shared->rank * P + bucket.begin, length);
+        issued.works.push_back(shared->dp->reduce_scatter(staging, own, avg));
+      }
+    } catch (...) {
+      issued.error = std::current_exception();
+    }
+  }
+
+  void issue_ready() {
+    while (next < missing.size() && missing[next] == 0) issue(next++);
+  }
+
+  void ready(int64_t param) {
+    if (!active || param < 0 || size_t(param) >= seen.size() || seen[param]) return;
+    seen[param] = 1;
+    for (int64_t k : shared->plan.param_buckets[param]) --missing[k];
+    issue_ready();
+  }
+
+  void flush() {
+    if (!active) return;
+    while (next < missing.size()) issue(next++);
+  }
+};
+
+caf::behavior reducer(caf::stateful_actor<ReducerState>* self, std::shared_ptr<detail::EngineShared> shared) {
+  self->state.shared = std::move(shared);
+  return {
+      [=](begin_atom) { self->state.start(); },
+      [=](ready_atom, int64_t param) { self->state.ready(param); },
+      [=](flush_atom) { self->state.flush(); },
+      [=](collect_atom) -> WorkList {
+        auto& s = self->state;
+        s.flush();
+        s.active = false;
+        WorkList out = std::move(s.issued);
+        s.issued = WorkList{};
+        return out;
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_gradient_reducer(caf::actor_system& system, std::shared_ptr<detail::EngineShared> shared) {
+  return system.spawn(reducer, std::move(shared));
+}
+
+}  // namespace tessera::actors

@@ -1,0 +1,24 @@
+// The gradient-reducer actor: turns "gradient ready" events from autograd into bucketed
+// reductions issued in the plan's fixed order while backward goes on.
+//
+// Stages 0/1 all-reduce (average) each bucket of the flat gradient buffer in place; stage 2
+// reduce-scatters (average) partition-aligned buckets so each rank receives its own partition.
+// Bucket k is issued when all its parameters are ready and buckets 0..k-1 were issued, so every
+// rank issues the same collectives in the same order whatever order autograd reports in.
+// Issued work is not waited for here: `collect` hands the handles to whoever waits (the
+// optimizer shard), so this actor never blocks.
+#pragma once
+
+#include <caf/fwd.hpp>
+
+#include <memory>
+
+namespace tessera::actors {
+
+namespace detail {
+struct EngineShared;
+}
+
+caf::actor spawn_gradient_reducer(caf::actor_system& system, std::shared_ptr<detail::EngineShared> shared);
+
+}  // namespace tessera::actors

@@ -1,0 +1,57 @@
+// The messages of tessera's actors, in one place so the protocol reads top to bottom.
+//
+// gradient-reducer   <- begin            a backward whose gradients must be reduced starts
+//                    <- ready(i)         parameter i's gradient is final for this backward
+//                    <- flush            backward ended: issue every bucket not issued yet
+//                    <- collect -> WorkList   the reductions issued since `begin` (flushes first)
+// optimizer-shard    <- step(StepRequest) -> StepReport   wait reductions, clip, update, gather
+// parameter-shard    <- gather -> GatherReport             all-gather the updated partitions
+//
+// Messages carry handles and small descriptors, never copies of buffers. Errors travel as
+// std::exception_ptr inside the reply, so the user's thread rethrows the original tessera::Error
+// (a TimeoutError stays a TimeoutError). All types are local to one process.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <exception>
+#include <memory>
+#include <vector>
+
+#include "core/optim/flat_optimizer.h"
+#include "transport/communicator.h"
+
+namespace tessera::actors {
+
+using begin_atom = caf::atom_constant<caf::atom("begin")>;
+using ready_atom = caf::atom_constant<caf::atom("ready")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
+using collect_atom = caf::atom_constant<caf::atom("collect")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using gather_atom = caf::atom_constant<caf::atom("gather")>;
+
+struct WorkList {
+  std::vector<std::shared_ptr<transport::Work>> works;  // in issue order
+  std::exception_ptr error;                             // issuing failed
+};
+
+struct StepRequest {
+  optim::StepHyperparameters hyperparameters;
+  double max_grad_norm = 0.0;  // 0 = no clipping
+};
+
+struct StepReport {
+  double grad_norm = -1.0;  // global L2 norm of the averaged gradients (-1: not computed)
+  std::exception_ptr error;
+};
+
+struct GatherReport {
+  std::exception_ptr error;
+};
+
+}  // namespace tessera::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WorkList)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepReport)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::GatherReport)
