@@ -93,6 +93,73 @@ Node from_json(const nlohmann::ordered_json& j) {
   return out;
 }
 
+// nlohmann_json keeps no positions, so a second pass over the (already valid) text gives every
+// value the line of its key, or of itself inside a list. Keys come in file order in both, and
+// duplicates were refused, so the k-th key of an object is the k-th field of its Node.
+class JsonLines {
+ public:
+  explicit JsonLines(std::string_view text) : text_(text) {
+    if (text_.substr(0, 3) == "\xEF\xBB\xBF") pos_ = 3;  // byte order mark
+  }
+
+  void assign(Node& node) {
+    skip_space();
+    if (node.line == 0) node.line = line_;
+    if (pos_ >= text_.size()) return;
+    const char c = text_[pos_];
+    if (c == '{') {
+      ++pos_;
+      for (std::size_t k = 0;; ++k) {
+        skip_space();
+        if (text_[pos_] == '}') break;
+        const int key_line = line_;
+        skip_string();
+        skip_space();
+        ++pos_;  // ':'
+        Node ignored;
+        Node& value = k < node.fields.size() ? node.fields[k].second : ignored;
+        value.line = key_line;
+        assign(value);
+        skip_space();
+        if (text_[pos_] == ',') ++pos_;
+      }
+      ++pos_;
+    } else if (c == '[') {
+      ++pos_;
+      for (std::size_t k = 0;; ++k) {
+        skip_space();
+        if (text_[pos_] == ']') break;
+        Node ignored;
+        assign(k < node.items.size() ? node.items[k] : ignored);
+        skip_space();
+        if (text_[pos_] == ',') ++pos_;
+      }
+      ++pos_;
+    } else if (c == '"') {
+      skip_string();
+    } else {
+      while (pos_ < text_.size() && std::string_view(",]} \t\r\n").find(text_[pos_]) == std::string_view::npos) ++pos_;
+    }
+  }
+
+ private:
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\r' || text_[pos_] == '\n')) {
+      if (text_[pos_] == '\n') ++line_;
+      ++pos_;
+    }
+  }
+  void skip_string() {
+    ++pos_;
+    while (pos_ < text_.size() && text_[pos_] != '"') pos_ += text_[pos_] == '\\' ? 2 : 1;
+    ++pos_;
+  }
+
+  std::string_view text_;
+  std::size_t pos_ = 0;
+  int line_ = 1;
+};
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path + ": cannot read the configuration file (does it exist?)");
@@ -143,7 +210,9 @@ Node parse_json_text(std::string_view text, const std::string& origin) {
   if (!duplicate.empty()) {
     throw ConfigError(origin + ": " + duplicate + ": the key appears twice in one object (DeepSpeed refuses this too)");
   }
-  return from_json(j);
+  Node root = from_json(j);
+  JsonLines(text).assign(root);
+  return root;
 }
 
 Format format_of(const std::string& path, std::string_view text) {

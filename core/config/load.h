@@ -6,11 +6,11 @@
 // (resolve_auto.h fills them when the engine starts); keys DeepSpeed accepts but tessera ignores
 // become one-line warnings in Config::warnings; keys asking for missing features are listed in
 // Config::unsupported (refused by refuse_unsupported); every other problem is a ConfigError that
-// lists each bad key with its path, value, what was expected, the file and, for TOML, the line.
+// lists each bad key with its path, value, what was expected, the file and the line.
 //
 // Example: load_config("ds_config.json") on {"zero_optimization": {"stage": 3,
 // "offload_optimizer": {"device": "gpu"}}} throws
-//   ds_config.json: zero_optimization.offload_optimizer.device: expected one of none, cpu, nvme, got "gpu" (a string)
+//   ds_config.json:1: zero_optimization.offload_optimizer.device: expected one of none, cpu, nvme, got "gpu" (a string)
 #pragma once
 
 #include <string>

@@ -5,7 +5,7 @@
 // in load.cpp (text -> Node) and write.cpp (Node -> text), and never appear in public headers.
 //
 // Invariants: a table keeps its keys in file order (so a written file reads like its source);
-// `line` is the 1-based line of the value in a TOML file, 0 where the syntax does not say (JSON).
+// `line` is the 1-based line of the value (for a table entry, of its key); 0 = made in memory.
 // Integers and floats stay distinct, as the file wrote them: `2e8` is a float whose value is
 // integral, which the decoder accepts where an integer is expected.
 //
@@ -31,7 +31,7 @@ struct Node {
   std::string string;
   std::vector<Node> items;                             // Kind::array
   std::vector<std::pair<std::string, Node>> fields;    // Kind::table, in file order
-  int line = 0;                                        // 1-based TOML line; 0 = unknown
+  int line = 0;                                        // 1-based line in its file; 0 = unknown
 
   static Node make_table() { Node n; n.kind = Kind::table; return n; }
   static Node make_array() { Node n; n.kind = Kind::array; return n; }

@@ -206,9 +206,23 @@ TEST_CASE("several errors in one file are reported together", "[config][errors]"
                      "many.json");
   });
   CHECK_THAT(message, Catch::StartsWith("3 configuration errors:"));
-  CHECK_THAT(message, Catch::Contains("many.json: train_batch_sise: unknown key"));
-  CHECK_THAT(message, Catch::Contains("many.json: zero_optimization.stage: expected an integer, got \"two\""));
-  CHECK_THAT(message, Catch::Contains("many.json: fp16.enabled: expected true or false, got 1"));
+  CHECK_THAT(message, Catch::Contains("many.json:1: train_batch_sise: unknown key"));
+  CHECK_THAT(message, Catch::Contains("many.json:1: zero_optimization.stage: expected an integer, got \"two\""));
+  CHECK_THAT(message, Catch::Contains("many.json:1: fp16.enabled: expected true or false, got 1"));
+}
+
+TEST_CASE("JSON errors carry the line of the key", "[config][errors]") {
+  const std::string message = config_error([] {
+    load_config_text("{\n  \"zero_optimization\": {\n    \"stage\": 2,\n    \"offload_param\": {\"device\": \"cpu\"},\n"
+                     "    \"sub_group_size\": \"big\"\n  },\n  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"betas\": [0.9,\n 2]}}\n}\n",
+                     Format::json, "lines.json");
+  });
+  CHECK_THAT(message, Catch::Contains("lines.json:5: zero_optimization.sub_group_size: expected an integer"));
+  const std::string rule = config_error([] {
+    load_config_text("{\"zero_optimization\": {\n\"stage\": 2,\n\"offload_param\": {\n\"device\": \"cpu\"}}}", Format::json,
+                     "rule.json");
+  });
+  CHECK_THAT(rule, Catch::Contains("rule.json:4: zero_optimization.offload_param.device: \"cpu\" needs ZeRO stage 3"));
 }
 
 TEST_CASE("a missing file names itself", "[config][errors]") {
