@@ -18,13 +18,15 @@ std::string seg_label(const Plan& plan, size_t index, const Segment& s) {
          to_string(s.shape) + ")";
 }
 
-const LocalBuffer& buffer_of(const std::map<int, LocalBuffer>& buffers, int rank, const Plan& plan, const char* side) {
+const LocalBuffer* buffer_of(const std::map<int, LocalBuffer>& buffers, int rank, const Plan& plan, const char* side,
+                             bool only_held) {
   auto it = buffers.find(rank);
   if (it == buffers.end()) {
+    if (only_held) return nullptr;
     throw TransferRefusedError("tensor '" + plan.name + "': the plan reads/writes " + side + " rank " +
                                std::to_string(rank) + " but the batch gives no buffer for it; no data moved");
   }
-  return it->second;
+  return &it->second;
 }
 
 void check_side(const Plan& plan, size_t index, const Segment& s, const LocalBuffer& buf, int64_t offset,
@@ -80,12 +82,14 @@ void validate_local_batch(const std::vector<LocalTransfer>& batch, const LocalEx
       if (s.source_strides.size() != s.shape.size() || s.target_strides.size() != s.shape.size()) {
         throw TransferRefusedError(seg_label(plan, i, s) + " has stride vectors of the wrong length; no data moved");
       }
-      const LocalBuffer& src = buffer_of(tr.source_buffers, s.source_rank, plan, "source");
-      const LocalBuffer& dst = buffer_of(tr.target_buffers, s.target_rank, plan, "target");
-      check_side(plan, i, s, src, s.source_offset, s.source_strides, "source", s.source_rank);
-      check_side(plan, i, s, dst, s.target_offset, s.target_strides, "target", s.target_rank);
+      const bool only = options.only_held_buffers;
+      const LocalBuffer* src = buffer_of(tr.source_buffers, s.source_rank, plan, "source", only);
+      const LocalBuffer* dst = buffer_of(tr.target_buffers, s.target_rank, plan, "target", only);
+      if (src) check_side(plan, i, s, *src, s.source_offset, s.source_strides, "source", s.source_rank);
+      if (!dst) continue;
+      check_side(plan, i, s, *dst, s.target_offset, s.target_strides, "target", s.target_rank);
       detail::StridedRegion region;
-      region.base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst.data)) + s.target_offset * esize;
+      region.base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst->data)) + s.target_offset * esize;
       region.extents = s.shape;
       region.strides = s.target_strides;
       for (int k = 0; k < region.strides.size(); ++k) region.strides[k] *= esize;
@@ -132,6 +136,9 @@ void validate_local_batch(const std::vector<LocalTransfer>& batch, const LocalEx
 }
 
 TransferStats execute_local(const std::vector<LocalTransfer>& batch, const LocalExecutorOptions& options) {
+  if (options.only_held_buffers) {
+    throw TransferRefusedError("execute_local needs every buffer of the batch; only_held_buffers is for validation");
+  }
   validate_local_batch(batch, options);
   std::vector<const Plan*> plans;
   for (const auto& tr : batch) plans.push_back(tr.plan);

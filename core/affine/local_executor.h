@@ -41,6 +41,10 @@ struct LocalExecutorOptions {
   int64_t staging_bytes = int64_t{64} << 20;  // bytes per round
   bool through_staging = false;
   int64_t max_overlap_runs = int64_t{1} << 24;  // safety limit of the interleaved-target check
+  // validate_local_batch only: check just the sides whose buffers this process holds (the remote
+  // executor validates each process's part this way, then agrees on a verdict). execute_local
+  // refuses it: a local batch needs every buffer.
+  bool only_held_buffers = false;
 };
 
 struct TransferStats {

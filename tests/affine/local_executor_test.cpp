@@ -88,6 +88,14 @@ TEST_CASE("local executor refusals happen before any byte moves", "[affine][exec
     LocalTransfer tr = bind_buffers(plan, s, t);
     tr.source_buffers.erase(1);
     CHECK_THROWS_AS(execute_local({tr}), TransferRefusedError);
+    // A process validating only its own part (remote path): the missing side is not its business,
+    // but what it holds is still checked.
+    LocalExecutorOptions held;
+    held.only_held_buffers = true;
+    CHECK_NOTHROW(validate_local_batch({tr}, held));
+    tr.target_buffers[3].elements = 15;
+    CHECK_THROWS_AS(validate_local_batch({tr}, held), TransferRefusedError);
+    CHECK_THROWS_AS(execute_local({tr}, held), TransferRefusedError);
   }
   SECTION("two target ranks aliasing one buffer (master == weight partition)") {
     LocalTransfer tr = bind_buffers(plan, s, t);
