@@ -1,0 +1,283 @@
+#include "transport/affine/remote_executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "core/affine/errors.h"
+#include "core/error.h"
+#include "transport/store.h"
+#include "transport/ucx/ucx_context.h"
+#include "transport/ucx/ucx_endpoint.h"
+#include "transport/ucx/ucx_memory.h"
+#include "transport/ucx/ucx_peers.h"
+
+namespace tessera::transport {
+namespace {
+
+using affine::Plan;
+using affine::Segment;
+
+constexpr uint64_t kDoneTag = uint64_t{0xAF} << 56;
+
+struct Fnv {
+  uint64_t h = 1469598103934665603ull;
+  void bytes(const void* p, size_t n) {
+    auto* c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
+  }
+  void u64(uint64_t v) { bytes(&v, sizeof v); }
+  void str(const std::string& s) {
+    u64(s.size());
+    bytes(s.data(), s.size());
+  }
+};
+
+std::string name_of(const ProcessId& p) { return "job '" + p.job + "' rank " + std::to_string(p.rank); }
+
+// Highest element address a segment touches on one side (offset for a 1-element segment).
+int64_t last_address(int64_t offset, const affine::Dims& strides, const affine::Dims& shape) {
+  int64_t a = offset;
+  for (int k = 0; k < shape.size(); ++k) a += (shape[k] - 1) * strides[k];
+  return a;
+}
+
+// Calls f(source_address, target_address, elements) for every run of a segment: whole innermost
+// rows when that axis is contiguous on both sides, single elements otherwise.
+template <class F>
+void for_each_run(const Segment& s, F&& f) {
+  const int nd = s.shape.size();
+  if (s.elements() == 0) return;
+  if (nd == 0) return f(s.source_offset, s.target_offset, int64_t{1});
+  const int inner = nd - 1;
+  const bool rows = s.source_strides[inner] == 1 && s.target_strides[inner] == 1;
+  const int outer_axes = rows ? inner : nd;
+  const int64_t run = rows ? s.shape[inner] : 1;
+  std::vector<int64_t> index(outer_axes, 0);
+  for (;;) {
+    int64_t src = s.source_offset, dst = s.target_offset;
+    for (int k = 0; k < outer_axes; ++k) {
+      src += index[k] * s.source_strides[k];
+      dst += index[k] * s.target_strides[k];
+    }
+    f(src, dst, run);
+    int k = outer_axes - 1;
+    while (k >= 0 && ++index[k] == s.shape[k]) index[k--] = 0;
+    if (k < 0) return;
+  }
+}
+
+}  // namespace
+
+RemoteExecutor::RemoteExecutor(UcxPeers& peers, std::string session, const RemoteExecutorOptions& options)
+    : peers_(peers), session_(std::move(session)), options_(options) {}
+
+RemoteExecutor::~RemoteExecutor() = default;
+
+RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& batch) {
+  RemoteTransferStats stats;
+  const ProcessId me{peers_.job(), peers_.rank()};
+  const uint64_t epoch = ++epoch_;
+  const std::string head = "remote transfer '" + session_ + "' #" + std::to_string(epoch);
+
+  // Who takes part, in one order every process agrees on.
+  std::set<ProcessId> everyone, sources, targets;
+  for (const auto& t : batch) {
+    for (const auto& p : t.source_processes) everyone.insert(p), sources.insert(p);
+    for (const auto& p : t.target_processes) everyone.insert(p), targets.insert(p);
+  }
+  if (!everyone.count(me)) return stats;
+  const std::vector<ProcessId> order(everyone.begin(), everyone.end());
+  auto index_of = [&](const ProcessId& p) {
+    return static_cast<uint64_t>(std::lower_bound(order.begin(), order.end(), p) - order.begin());
+  };
+
+  // 1. Local validation (nothing leaves this process yet) and the digest of the batch.
+  std::string reject;
+  Fnv digest;
+  digest.str(session_);
+  digest.u64(epoch);
+  digest.u64(batch.size());
+  for (size_t ti = 0; ti < batch.size() && reject.empty(); ++ti) {
+    const auto& t = batch[ti];
+    if (!t.plan) {
+      reject = "transfer " + std::to_string(ti) + " has no plan";
+      break;
+    }
+    const Plan& plan = *t.plan;
+    digest.u64(plan.digest());
+    digest.u64(plan.input_digest);
+    for (const auto* side : {&t.source_processes, &t.target_processes}) {
+      digest.u64(side->size());
+      for (const auto& p : *side) digest.str(p.job), digest.u64(static_cast<uint64_t>(p.rank));
+    }
+    const int64_t es = affine::element_size(plan.dtype);
+    auto check = [&](const char* role, int rank, const std::vector<ProcessId>& placement,
+                     const std::map<int, affine::LocalBuffer>& buffers, int64_t offset, const affine::Dims& strides,
+                     const affine::Dims& shape) {
+      if (!reject.empty()) return;
+      if (rank < 0 || rank >= static_cast<int>(placement.size())) {
+        reject = "tensor '" + plan.name + "': " + role + " rank " + std::to_string(rank) + " is placed on no process";
+        return;
+      }
+      if (!(placement[rank] == me)) return;
+      auto it = buffers.find(rank);
+      if (it == buffers.end()) {
+        reject = "tensor '" + plan.name + "': no " + role + " buffer for plan rank " + std::to_string(rank);
+      } else if (it->second.dtype != plan.dtype) {
+        reject = "tensor '" + plan.name + "': " + role + " buffer of rank " + std::to_string(rank) + " is " +
+                 affine::dtype_name(it->second.dtype) + ", the plan moves " + affine::dtype_name(plan.dtype);
+      } else if (offset < 0 || last_address(offset, strides, shape) >= it->second.elements) {
+        reject = "tensor '" + plan.name + "': a segment reaches element " +
+                 std::to_string(last_address(offset, strides, shape)) + " of the " + role + " buffer of rank " +
+                 std::to_string(rank) + ", which has " + std::to_string(it->second.elements);
+      } else if (!it->second.data && it->second.elements) {
+        reject = "tensor '" + plan.name + "': " + role + " buffer of rank " + std::to_string(rank) + " is null";
+      }
+    };
+    for (const auto& s : plan.segments) {
+      if (s.elements() == 0) continue;
+      check("source", s.source_rank, t.source_processes, t.source_buffers, s.source_offset, s.source_strides, s.shape);
+      check("target", s.target_rank, t.target_processes, t.target_buffers, s.target_offset, s.target_strides, s.shape);
+      if (reject.empty() && s.target_rank < static_cast<int>(t.target_processes.size()) &&
+          t.target_processes[s.target_rank] == me)
+        stats.useful_bytes += s.elements() * es;
+    }
+  }
+
+  // Register this process's target buffers and publish their keys (before voting: one round).
+  auto store = peers_.store()->scoped("remote/" + session_ + "/" + std::to_string(epoch));
+  if (reject.empty()) {
+    try {
+      for (size_t ti = 0; ti < batch.size(); ++ti) {
+        for (const auto& [rank, buffer] : batch[ti].target_buffers) {
+          const size_t bytes = static_cast<size_t>(buffer.elements * affine::element_size(buffer.dtype));
+          auto key = std::make_pair(buffer.data, bytes);
+          auto it = registrations_.find(key);
+          if (it == registrations_.end())
+            it = registrations_.emplace(key, std::make_unique<UcxMemory>(peers_.context(), buffer.data, bytes)).first;
+          store->set("memory/" + std::to_string(ti) + "/" + std::to_string(rank), it->second->descriptor());
+        }
+      }
+    } catch (const std::exception& e) {
+      reject = std::string("registering target buffers failed: ") + e.what();
+    }
+  }
+
+  // 2. Agreement: everyone's (digest, reject) before any byte moves.
+  {
+    std::ostringstream vote;
+    vote << std::hex << digest.h << std::dec << " " << (reject.empty() ? 0 : 1) << " " << reject;
+    store->set("vote/" + me.job + "/" + std::to_string(me.rank), vote.str());
+    std::string first_reject, mismatch;
+    uint64_t first_digest = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      auto text = store->get_string("vote/" + order[i].job + "/" + std::to_string(order[i].rank), options_.timeout);
+      std::istringstream in(text);
+      uint64_t d = 0;
+      int rejected = 0;
+      in >> std::hex >> d >> std::dec >> rejected;
+      std::string reason;
+      std::getline(in, reason);
+      if (rejected && first_reject.empty()) first_reject = name_of(order[i]) + " refused:" + reason;
+      if (i == 0) first_digest = d;
+      else if (d != first_digest && mismatch.empty()) {
+        std::ostringstream m;
+        m << "the processes planned different batches: " << name_of(order[0]) << " has digest " << std::hex
+          << first_digest << ", " << name_of(order[i]) << " has " << d;
+        mismatch = m.str();
+      }
+    }
+    if (!first_reject.empty() || !mismatch.empty())
+      throw affine::TransferRefusedError(head + " refused on every process, no byte moved: " +
+                                         (first_reject.empty() ? mismatch : first_reject));
+  }
+
+  // Connect to every job involved (idempotent).
+  std::set<std::string> jobs;
+  for (const auto& p : order) jobs.insert(p.job);
+  for (const auto& job : jobs) peers_.connect(job);
+
+  // 4 (posted early). Receives of the "done" messages of every other source process.
+  const bool i_am_target = targets.count(me) > 0;
+  std::vector<uint64_t> done_bytes(order.size(), 0);
+  std::vector<UcxRequest> done_receives;
+  if (i_am_target)
+    for (const auto& p : sources)
+      if (!(p == me))
+        done_receives.push_back(ucx_receive_async(peers_.context(), &done_bytes[index_of(p)], sizeof(uint64_t),
+                                                  kDoneTag | ((epoch & 0xffffff) << 24) | index_of(p)));
+
+  // 3. Data movement from this process's sources.
+  std::map<ProcessId, uint64_t> sent_to;
+  std::map<std::pair<size_t, int>, std::unique_ptr<UcxRemoteKey>> keys;
+  std::set<UcxEndpoint*> round_endpoints;
+  int64_t in_flight = 0;
+  int64_t copied_into_me = 0;
+  auto end_round = [&] {
+    for (auto* ep : round_endpoints) ep->flush(options_.timeout);
+    round_endpoints.clear();
+    if (in_flight > 0) ++stats.rounds;
+    in_flight = 0;
+  };
+  for (size_t ti = 0; ti < batch.size(); ++ti) {
+    const auto& t = batch[ti];
+    const Plan& plan = *t.plan;
+    const int64_t es = affine::element_size(plan.dtype);
+    for (const auto& s : plan.segments) {
+      if (s.elements() == 0 || !(t.source_processes[s.source_rank] == me)) continue;
+      ++stats.segments;
+      const auto& target = t.target_processes[s.target_rank];
+      auto* src_base = static_cast<const char*>(t.source_buffers.at(s.source_rank).data);
+      if (target == me) {
+        auto* dst_base = static_cast<char*>(t.target_buffers.at(s.target_rank).data);
+        for_each_run(s, [&](int64_t src, int64_t dst, int64_t n) {
+          std::memcpy(dst_base + dst * es, src_base + src * es, static_cast<size_t>(n * es));
+        });
+        stats.bytes_copied_locally += s.elements() * es;
+        copied_into_me += s.elements() * es;
+        continue;
+      }
+      auto& ep = peers_.endpoint(target.job, target.rank);
+      auto& key = keys[{ti, s.target_rank}];
+      if (!key)
+        key = std::make_unique<UcxRemoteKey>(
+            ep, store->get("memory/" + std::to_string(ti) + "/" + std::to_string(s.target_rank), options_.timeout));
+      for_each_run(s, [&](int64_t src, int64_t dst, int64_t n) {
+        const int64_t bytes = n * es;
+        ep.put_nowait(src_base + src * es, static_cast<size_t>(bytes), *key, static_cast<size_t>(dst * es),
+                      options_.timeout);
+        ++stats.puts;
+        stats.bytes_sent += bytes;
+        sent_to[target] += static_cast<uint64_t>(bytes);
+        in_flight += bytes;
+        round_endpoints.insert(&ep);
+        if (in_flight >= options_.staging_bytes) end_round();
+      });
+    }
+  }
+  end_round();
+
+  // 4. Tell every target process what arrived from here; wait for every source.
+  if (sources.count(me)) {
+    std::vector<uint64_t> payloads;
+    payloads.reserve(targets.size());
+    std::vector<UcxRequest> sends;
+    for (const auto& p : targets) {
+      if (p == me) continue;
+      payloads.push_back(sent_to[p]);
+      sends.push_back(peers_.endpoint(p.job, p.rank)
+                          .send_async(&payloads.back(), sizeof(uint64_t),
+                                      kDoneTag | ((epoch & 0xffffff) << 24) | index_of(me)));
+    }
+    for (auto& r : sends) r.wait(options_.timeout);
+  }
+  for (auto& r : done_receives) r.wait(options_.timeout);
+  for (auto b : done_bytes) stats.bytes_received += static_cast<int64_t>(b);
+  if (stats.useful_bytes > 0)
+    stats.wire_to_useful = static_cast<double>(stats.bytes_received + copied_into_me) / stats.useful_bytes;
+  return stats;
+}
+
+}  // namespace tessera::transport

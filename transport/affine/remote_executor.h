@@ -1,0 +1,105 @@
+// The RemoteExecutor runs a batch of affine plans whose source and target buffers live in
+// different processes: the ranks of a training job and of a rollout job, or other ranks of the
+// same job. It is the remote half of core/affine's local executor.
+//
+// Cross-process contract (every process named by any transfer calls `execute` with the same batch
+// description, each passing only the buffers it holds; processes not named return at once):
+//   1. Validate locally: every plan rank is placed on a process; every buffer this process must
+//      provide is there, with the plan's dtype, and every segment lies inside it.
+//   2. Agree before any byte moves: each process publishes (digest of the batch: plan digests,
+//      input digests, placements; reject flag; reason) in the store, and reads everyone's. One
+//      reject or one differing digest makes EVERY process throw the same
+//      affine::TransferRefusedError (built from the same votes), with no byte moved.
+//   3. Move: target buffers are registered with UCX (once per buffer; cached) and their keys
+//      published; each source process puts every contiguous run of its segments straight into the
+//      target buffer (one-sided, no staging copy; runs strided on the innermost axis go element by
+//      element); runs whose target is in the same process are memcpy'd. At most `staging_bytes`
+//      are in flight per process: a round ends with a flush of every endpoint it used.
+//   4. Finish: each source process tells each target process how many bytes it put there; a
+//      target returns when every source has (its worker progresses meanwhile, as emulated RMA
+//      on one machine needs).
+// Buffers must stay alive and unchanged (sources) / untouched (targets) during `execute`, and
+// target buffers stay registered until the executor is destroyed.
+//
+// Statistics per process: bytes_sent (put to other processes), bytes_received (put into this
+// process's targets by others), bytes_copied_locally, rounds, puts, and wire_bytes / useful_bytes
+// of this process's targets (1.0 when no target element is written twice: plans never do).
+//
+// Example: (12,10) f32 rows on 2 training ranks (6 rows each) -> columns on 3 rollout ranks
+// (4, 3, 3 columns): training rank 0 puts 6 runs of 4 elements (96 bytes) into rollout rank 0 and
+// 6 runs of 3 (72 bytes) into ranks 1 and 2; rollout rank 0 receives 192 bytes, useful_bytes 192,
+// wire/useful = 1.0.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/affine/local_executor.h"
+#include "core/affine/plan.h"
+
+namespace tessera::transport {
+
+class UcxPeers;
+class UcxMemory;
+
+// A process of some job.
+struct ProcessId {
+  std::string job;
+  int rank = 0;
+  friend bool operator<(const ProcessId& a, const ProcessId& b) {
+    return a.job != b.job ? a.job < b.job : a.rank < b.rank;
+  }
+  friend bool operator==(const ProcessId& a, const ProcessId& b) { return a.job == b.job && a.rank == b.rank; }
+};
+
+struct RemoteTransfer {
+  const affine::Plan* plan = nullptr;
+  std::vector<ProcessId> source_processes;  // plan source rank r lives on source_processes[r]
+  std::vector<ProcessId> target_processes;  // plan target rank r lives on target_processes[r]
+  std::map<int, affine::LocalBuffer> source_buffers;  // plan source ranks placed on this process
+  std::map<int, affine::LocalBuffer> target_buffers;  // plan target ranks placed on this process
+};
+
+struct RemoteExecutorOptions {
+  int64_t staging_bytes = int64_t{64} << 20;  // bytes in flight per process per round
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+struct RemoteTransferStats {
+  int64_t segments = 0;              // segments this process sourced
+  int64_t puts = 0;                  // one-sided puts issued
+  int64_t rounds = 0;
+  int64_t bytes_sent = 0;            // put into other processes
+  int64_t bytes_received = 0;        // put into this process's targets by others
+  int64_t bytes_copied_locally = 0;  // source and target in this process
+  int64_t useful_bytes = 0;          // bytes of this process's target elements (each once)
+  // (bytes_received + bytes copied into this process's targets) / useful_bytes; 1.0 when no
+  // target element arrives twice; 0 when this process holds no target.
+  double wire_to_useful = 0;
+};
+
+class RemoteExecutor {
+ public:
+  // `peers` is this process's UCX directory (connected or not; execute() connects what it needs).
+  // `session` names the executor's store keys; the same on every process.
+  RemoteExecutor(UcxPeers& peers, std::string session, const RemoteExecutorOptions& options = {});
+  ~RemoteExecutor();
+  RemoteExecutor(const RemoteExecutor&) = delete;
+  RemoteExecutor& operator=(const RemoteExecutor&) = delete;
+
+  RemoteTransferStats execute(const std::vector<RemoteTransfer>& batch);
+
+ private:
+  UcxPeers& peers_;
+  std::string session_;
+  RemoteExecutorOptions options_;
+  uint64_t epoch_ = 0;
+  std::map<std::pair<void*, size_t>, std::unique_ptr<UcxMemory>> registrations_;
+};
+
+}  // namespace tessera::transport
