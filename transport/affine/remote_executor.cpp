@@ -75,6 +75,10 @@ RemoteExecutor::RemoteExecutor(UcxPeers& peers, std::string session, const Remot
 
 RemoteExecutor::~RemoteExecutor() = default;
 
+void RemoteExecutor::use_registered(std::shared_ptr<UcxMemory> memory) {
+  if (memory && memory->bytes()) registrations_[reinterpret_cast<uintptr_t>(memory->address())] = std::move(memory);
+}
+
 RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& batch) {
   RemoteTransferStats stats;
   const ProcessId me{peers_.job(), peers_.rank()};
@@ -153,11 +157,25 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
       for (size_t ti = 0; ti < batch.size(); ++ti) {
         for (const auto& [rank, buffer] : batch[ti].target_buffers) {
           const size_t bytes = static_cast<size_t>(buffer.elements * affine::element_size(buffer.dtype));
-          auto key = std::make_pair(buffer.data, bytes);
-          auto it = registrations_.find(key);
-          if (it == registrations_.end())
-            it = registrations_.emplace(key, std::make_unique<UcxMemory>(peers_.context(), buffer.data, bytes)).first;
-          store->set("memory/" + std::to_string(ti) + "/" + std::to_string(rank), it->second->descriptor());
+          const auto address = reinterpret_cast<uintptr_t>(buffer.data);
+          // The registration containing [address, address + bytes), if any.
+          std::shared_ptr<UcxMemory> memory;
+          auto it = registrations_.upper_bound(address);
+          if (it != registrations_.begin()) {
+            --it;
+            const auto base = reinterpret_cast<uintptr_t>(it->second->address());
+            if (address >= base && address + bytes <= base + it->second->bytes()) memory = it->second;
+          }
+          if (!memory) {
+            memory = std::make_shared<UcxMemory>(peers_.context(), buffer.data, bytes);
+            registrations_[address] = memory;
+          }
+          uint64_t offset = address - reinterpret_cast<uintptr_t>(memory->address());
+          std::vector<uint8_t> value(8);
+          std::memcpy(value.data(), &offset, 8);
+          auto descriptor = memory->descriptor();
+          value.insert(value.end(), descriptor.begin(), descriptor.end());
+          store->set("memory/" + std::to_string(ti) + "/" + std::to_string(rank), value);
         }
       }
     } catch (const std::exception& e) {
@@ -211,7 +229,11 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
 
   // 3. Data movement from this process's sources.
   std::map<ProcessId, uint64_t> sent_to;
-  std::map<std::pair<size_t, int>, std::unique_ptr<UcxRemoteKey>> keys;
+  struct TargetKey {
+    uint64_t offset = 0;  // of the target buffer inside its registration
+    std::unique_ptr<UcxRemoteKey> rkey;
+  };
+  std::map<std::pair<size_t, int>, TargetKey> keys;
   std::set<UcxEndpoint*> round_endpoints;
   int64_t in_flight = 0;
   int64_t copied_into_me = 0;
@@ -241,13 +263,15 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
       }
       auto& ep = peers_.endpoint(target.job, target.rank);
       auto& key = keys[{ti, s.target_rank}];
-      if (!key)
-        key = std::make_unique<UcxRemoteKey>(
-            ep, store->get("memory/" + std::to_string(ti) + "/" + std::to_string(s.target_rank), options_.timeout));
+      if (!key.rkey) {
+        auto value = store->get("memory/" + std::to_string(ti) + "/" + std::to_string(s.target_rank), options_.timeout);
+        std::memcpy(&key.offset, value.data(), 8);
+        key.rkey = std::make_unique<UcxRemoteKey>(ep, std::vector<uint8_t>(value.begin() + 8, value.end()));
+      }
       for_each_run(s, [&](int64_t src, int64_t dst, int64_t n) {
         const int64_t bytes = n * es;
-        ep.put_nowait(src_base + src * es, static_cast<size_t>(bytes), *key, static_cast<size_t>(dst * es),
-                      options_.timeout);
+        ep.put_nowait(src_base + src * es, static_cast<size_t>(bytes), *key.rkey,
+                      static_cast<size_t>(key.offset + dst * es), options_.timeout);
         ++stats.puts;
         stats.bytes_sent += bytes;
         sent_to[target] += static_cast<uint64_t>(bytes);

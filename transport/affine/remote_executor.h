@@ -94,12 +94,18 @@ class RemoteExecutor {
 
   RemoteTransferStats execute(const std::vector<RemoteTransfer>& batch);
 
+  // Hands the executor memory registered elsewhere (e.g. UcxMemory::allocate, which on one
+  // machine lets puts land in shared memory without emulation): target buffers inside it are
+  // published with their offset instead of being registered again.
+  void use_registered(std::shared_ptr<UcxMemory> memory);
+
  private:
   UcxPeers& peers_;
   std::string session_;
   RemoteExecutorOptions options_;
   uint64_t epoch_ = 0;
-  std::map<std::pair<void*, size_t>, std::unique_ptr<UcxMemory>> registrations_;
+  // By base address; a target buffer uses the registration that contains it.
+  std::map<uintptr_t, std::shared_ptr<UcxMemory>> registrations_;
 };
 
 }  // namespace tessera::transport
