@@ -27,6 +27,10 @@ class Resolver {
   Config run() {
     ZeroConfig& z = c_.zero_optimization;
     fill(z.stage, "zero_optimization.stage", facts_.zero_stage);
+    if (!z.stage.is_auto && z.stage.value == 3 && c_.provenance.get("zero_optimization.overlap_comm").origin == Origin::default_value) {
+      z.overlap_comm = true;  // DeepSpeed's default with stage 3, now that the stage is known
+      c_.provenance.set("zero_optimization.overlap_comm", Origin::default_value, "true with stage 3");
+    }
     fill(z.offload_optimizer.device, "zero_optimization.offload_optimizer.device", facts_.offload_optimizer_device);
     fill(z.offload_param.device, "zero_optimization.offload_param.device", facts_.offload_param_device);
     nvme_path(z.offload_optimizer.nvme_path, "zero_optimization.offload_optimizer.nvme_path", facts_.offload_optimizer_nvme_path);

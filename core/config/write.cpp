@@ -98,6 +98,39 @@ nlohmann::ordered_json to_nlohmann(const Node& n) {
   return nullptr;
 }
 
+bool same_value(const Node& a, const Node& b) { return to_json_text(a) == to_json_text(b); }
+
+// Removes the values of `node` that equal `defaults` and were not given; returns whether the
+// table ended up empty (and was not itself given).
+bool prune(Node& node, const Node& defaults, const std::string& path, const Config& config) {
+  auto& fields = node.fields;
+  for (auto it = fields.begin(); it != fields.end();) {
+    const std::string key_path = path.empty() ? it->first : path + "." + it->first;
+    const Node* fallback = defaults.find(it->first);
+    const bool given = config.provenance.get(key_path).origin == Origin::given || config.passthrough.count(key_path);
+    bool drop = false;
+    if (!given && fallback != nullptr) {
+      if (it->second.is_table() && fallback->is_table()) {
+        drop = prune(it->second, *fallback, key_path, config);
+      } else {
+        drop = same_value(it->second, *fallback);
+      }
+    }
+    it = drop ? fields.erase(it) : it + 1;
+  }
+  return fields.empty();
+}
+
+Node encode_for_writing(const Config& config, const WriteOptions& options) {
+  Node root = detail::encode(config);
+  if (options.include_defaults) return root;
+  Config defaults;
+  if (config.optimizer) defaults.optimizer = OptimizerConfig{}, defaults.optimizer->type = config.optimizer->type;
+  if (config.scheduler) defaults.scheduler = SchedulerConfig{}, defaults.scheduler->type = config.scheduler->type;
+  prune(root, detail::encode(defaults), "", config);
+  return root;
+}
+
 }  // namespace
 
 std::string emit_toml(const Node& root) {
@@ -108,15 +141,17 @@ std::string emit_toml(const Node& root) {
 
 std::string emit_json(const Node& root) { return to_nlohmann(root).dump(2) + "\n"; }
 
-std::string to_toml(const Config& config) {
+std::string to_toml(const Config& config, const WriteOptions& options) {
   return "# tessera configuration" + (config.source.empty() ? std::string() : " converted from " + config.source) +
-         "\n" + emit_toml(detail::encode(config));
+         "\n" + emit_toml(encode_for_writing(config, options));
 }
 
-std::string to_json(const Config& config) { return emit_json(detail::encode(config)); }
+std::string to_json(const Config& config, const WriteOptions& options) {
+  return emit_json(encode_for_writing(config, options));
+}
 
-std::string to_text(const Config& config, Format format) {
-  return format == Format::toml ? to_toml(config) : to_json(config);
+std::string to_text(const Config& config, Format format, const WriteOptions& options) {
+  return format == Format::toml ? to_toml(config, options) : to_json(config, options);
 }
 
 }  // namespace tessera::config

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/config/keys.h"
+#include "core/config/load.h"
 #include "core/config/node.h"
 
 using namespace tessera::config;
@@ -45,4 +46,26 @@ TEST_CASE("registry kinds", "[config][keys]") {
   CHECK(find_key_rule("", "train_batch_size") == nullptr);  // modelled keys are not in the registry
   CHECK(is_deepspeed_only_optimizer("OneBitAdam"));
   CHECK_FALSE(is_deepspeed_only_optimizer("AdamW"));
+}
+
+TEST_CASE("every alias in the registry reads as a modelled key", "[config][keys]") {
+  // An alias whose target is not modelled would be reported as a typo of itself.
+  int aliases = 0;
+  for (const std::string section : {"", "zero_optimization"}) {
+    for (const std::string& key : registry_keys(section)) {
+      const KeyRule* rule = find_key_rule(section, key);
+      if (rule->kind != KeyKind::alias) continue;
+      ++aliases;
+      const std::string value = std::string(rule->detail) == "bf16" ? "{\"enabled\": false}"
+                                : key.find("gather") != std::string::npos ? "true"
+                                                                          : "1000";
+      const std::string inner = "\"" + key + "\": " + value;
+      const std::string text = section.empty() ? "{" + inner + "}" : "{\"" + section + "\": {\"stage\": 3, " + inner + "}}";
+      INFO(text);
+      const Config c = load_config_text(text, Format::json, "alias.json");
+      CHECK(c.warnings.size() == 1);
+      CHECK_THAT(c.warnings.at(0), Catch::Contains("read as"));
+    }
+  }
+  CHECK(aliases >= 7);
 }

@@ -115,3 +115,11 @@ TEST_CASE("resolving is idempotent and leaves the input as it was", "[config][au
   CHECK(c.train_micro_batch_size_per_gpu.is_auto);
   CHECK(resolve_auto(r, f) == r);
 }
+
+TEST_CASE("a stage that arrives as a fact brings its dependent defaults", "[config][auto]") {
+  const Config c = load_json(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": "auto"}})");
+  CHECK_FALSE(c.zero_optimization.overlap_comm);
+  Facts f = world(2);
+  f.zero_stage = 3;
+  CHECK(resolve_auto(c, f).zero_optimization.overlap_comm);  // DeepSpeed turns it on with stage 3
+}

@@ -39,6 +39,10 @@ TEST_CASE("TOML <-> JSON round trips give equal configurations", "[config][write
     const Config from_toml = load_config_text(to_toml(original), Format::toml, "written.toml");
     CHECK(from_json == original);
     CHECK(from_toml == original);
+    WriteOptions full;
+    full.include_defaults = true;
+    CHECK(load_config_text(to_json(original, full), Format::json, "full.json") == original);
+    CHECK(load_config_text(to_toml(original, full), Format::toml, "full.toml") == original);
     // Through both syntaxes in turn.
     CHECK(load_config_text(to_toml(from_json), Format::toml, "again.toml") == original);
     CHECK(from_json.unsupported == original.unsupported);
@@ -53,6 +57,13 @@ TEST_CASE("resolved configurations round-trip too", "[config][write]") {
   const Config r = resolve_auto(load_config(source_path("configs/deepspeed/hf_ds_config_zero3.json")), f);
   CHECK(load_config_text(to_toml(r), Format::toml) == r);
   CHECK(load_config_text(to_json(r), Format::json) == r);
+  // Values set by hand after loading (no provenance) are written too.
+  Config edited = r;
+  edited.zero_optimization.stage = Auto<std::int64_t>(2);
+  edited.zero_optimization.offload_param.device = Auto<OffloadDevice>(OffloadDevice::none);
+  edited.tessera.rollout.replica_policy = ReplicaPolicy::local;
+  CHECK(load_config_text(to_json(edited), Format::json) == edited);
+  CHECK(load_config_text(to_toml(edited), Format::toml) == edited);
 }
 
 TEST_CASE("the written JSON is DeepSpeed's shape", "[config][write]") {
@@ -63,7 +74,12 @@ TEST_CASE("the written JSON is DeepSpeed's shape", "[config][write]") {
   CHECK_THAT(json, Catch::Contains("\"reduce_bucket_size\": \"auto\""));
   CHECK_THAT(json, Catch::Contains("\"type\": \"AdamW\""));  // canonical spelling
   CHECK_THAT(json, Catch::Contains("\"flops_profiler\": {"));  // passed through
-  CHECK_THAT(json, Catch::Contains("\"stage3_max_live_parameters\": 1000000000"));
+  CHECK_THAT(json, Catch::Contains("\"overlap_comm\": true"));  // stage 3's default differs from stage 0's
+  CHECK_THAT(json, !Catch::Contains("stage3_max_live_parameters"));  // DeepSpeed's default, not in the source
+  CHECK_THAT(json, !Catch::Contains("\"tessera\""));
+  WriteOptions full;
+  full.include_defaults = true;
+  CHECK_THAT(to_json(c, full), Catch::Contains("\"stage3_max_live_parameters\": 1000000000"));
   const std::string toml = to_toml(c);
   CHECK_THAT(toml, Catch::Contains("[zero_optimization.offload_param]\ndevice = \"cpu\""));
   CHECK_THAT(toml, Catch::Contains("reduce_bucket_size = \"auto\""));

@@ -6,7 +6,7 @@
 // engine starts). Exit status 0 for a valid file, 1 with the errors otherwise (ConfigError is
 // printed by main.cpp). --strict also requires every auto value to be resolved by the facts.
 //
-//   tessera config convert ds_config.json --to toml [-o out.toml]
+//   tessera config convert ds_config.json --to toml [-o out.toml] [--include-defaults]
 // writes the configuration in the other syntax; reading the result back gives an equal config.
 #include <CLI/CLI.hpp>
 
@@ -40,6 +40,7 @@ struct CheckArgs {
 
 struct ConvertArgs {
   std::string file, to, output;
+  bool include_defaults = false;
 };
 
 cfg::OffloadDevice parse_device(const std::string& flag, const std::string& value) {
@@ -100,7 +101,9 @@ void run_check(const CheckArgs& a) {
 void run_convert(const ConvertArgs& a) {
   const cfg::Config config = cfg::load_config(a.file);
   for (const std::string& w : config.warnings) std::cerr << "warning: " << w << "\n";
-  const std::string text = cfg::to_text(config, a.to == "toml" ? cfg::Format::toml : cfg::Format::json);
+  cfg::WriteOptions options;
+  options.include_defaults = a.include_defaults;
+  const std::string text = cfg::to_text(config, a.to == "toml" ? cfg::Format::toml : cfg::Format::json, options);
   if (a.output.empty()) {
     std::cout << text;
     return;
@@ -158,6 +161,8 @@ void add_config_commands(CLI::App& app) {
       ->required()
       ->check(CLI::IsMember({"toml", "json"}));
   convert->add_option("-o,--output", convert_args->output, "Write here instead of standard output");
+  convert->add_flag("--include-defaults", convert_args->include_defaults,
+                    "Also write the values that are DeepSpeed's defaults (by default only what differs or was written)");
   convert->callback([convert_args] { run_convert(*convert_args); });
 }
 
