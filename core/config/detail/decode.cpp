@@ -52,7 +52,9 @@ struct KeyProbe {
 
 class Decoder {
  public:
-  Decoder(Config& config, ErrorList& errors) : config_(config), errors_(errors) {}
+  // Nodes found in one scope are read while deeper scopes are pushed; reserving keeps the stack
+  // from moving (files nest at most five tables deep).
+  Decoder(Config& config, ErrorList& errors) : config_(config), errors_(errors) { stack_.reserve(16); }
 
   void decode_root(const Node& root) {
     if (!root.is_table()) {
@@ -182,7 +184,6 @@ class Decoder {
   }
 
   void check_rest(const Scope& s) {
-    std::vector<std::string> not_applicable;
     for (const auto& [key, value] : s.table.fields) {
       if (!key.empty() && key[0] == '_') continue;  // comment keys
       if (std::find(s.consumed.begin(), s.consumed.end(), key) != s.consumed.end()) continue;
@@ -245,7 +246,7 @@ class Decoder {
       return;
     }
     if (type->kind == Node::Kind::string && deepspeed_only(type->string)) {
-      config_.passthrough[key] = to_json_text(*node);
+      config_.passthrough[key] = to_json_text(without_nulls(*node));
       config_.unsupported.push_back(
           UnsupportedKey{type_path, to_json_text(*type), "the " + type->string + " " + std::string(key)});
       return;
