@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 
@@ -18,6 +19,7 @@
 #include "actors/protocol.h"
 #include "core/config/validate.h"
 #include "core/error.h"
+#include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
 #include "core/zero/grad_ready_hooks.h"
 #include "transport/communicator.h"
@@ -33,7 +35,10 @@ struct Engine::Impl {
   std::unique_ptr<zero::GradReadyHooks> hooks;
   std::optional<optim::LrSchedule> schedule;
   caf::actor reducer, parameter_shard, optimizer_shard;
-  std::atomic<bool> reducing{false};
+  std::optional<optim::LossScaler> scaler;  // fp16
+  std::atomic<bool> reducing{false};        // this backward's gradients go to the reducer
+  std::atomic<bool> armed{false};           // a backward through backward()/scale() is expected
+  std::atomic<bool> unarmed_backward{false};  // a backward ran that the engine did not scale
   int64_t micro = 0, global = 0, skipped = 0;
   int boundary_backwards = 0;  // backward() calls in the current boundary micro-step
   double last_grad_norm = -1;
@@ -41,11 +46,26 @@ struct Engine::Impl {
   bool boundary() const { return (micro + 1) % settings.gradient_accumulation_steps == 0; }
   optim::StepHyperparameters hyperparameters(int64_t update_index) const {
     optim::StepHyperparameters hp{settings.optimizer.lr, settings.optimizer.beta1, settings.optimizer.beta2};
-    const auto v = schedule->at(update_index - 1 + settings.schedule_offset);
+    // DeepSpeed steps the scheduler only after updates that were not skipped.
+    const auto v = schedule->at(update_index - skipped - 1 + settings.schedule_offset);
     hp.lr = v.lr;
     if (v.beta1) hp.beta1 = *v.beta1;
     if (v.beta2) hp.beta2 = *v.beta2;
     return hp;
+  }
+  // Called before every backward the engine knows of: checks, then arms the reduction.
+  void arm_backward() {
+    const bool at_boundary = boundary();
+    if (at_boundary && boundary_backwards > 0)
+      throw Error("backward: called twice in the micro-step that ends gradient accumulation (micro-step " +
+                  std::to_string(micro) + "); reduce once per boundary: call step() in between");
+    if (!shared->flat->gradients_attached())
+      throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
+    const bool reduce = at_boundary && shared->world > 1;
+    reducing = reduce;
+    armed = true;
+    if (reduce) caf::anon_send(reducer, actors::begin_atom::value);
+    if (at_boundary) ++boundary_backwards;
   }
   ~Impl() {
     hooks.reset();  // disarm before the actors go
@@ -79,10 +99,16 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   for (auto& item : model->named_parameters())
     if (item.value().requires_grad()) trainable.emplace_back(item.key(), item.value());
   if (trainable.empty()) throw Error("initialize: the model has no parameter that requires grad");
+  const at::ScalarType dtype = settings.precision == actors::Precision::bf16   ? at::kBFloat16
+                               : settings.precision == actors::Precision::fp16 ? at::kHalf
+                                                                               : at::kFloat;
   for (const auto& [name, p] : trainable)
-    if (p.scalar_type() != at::kFloat || !p.device().is_cpu())
+    if ((p.scalar_type() != at::kFloat && p.scalar_type() != dtype) || !p.device().is_cpu())
       throw Error("initialize: parameter '" + name + "' is " + std::string(c10::toString(p.scalar_type())) + " on " +
-                  p.device().str() + "; the engine trains fp32 CPU parameters (mixed precision is not supported yet)");
+                  p.device().str() + "; the engine takes fp32 (or " + c10::toString(dtype) +
+                  ") CPU parameters and converts them");
+  std::optional<optim::LossScaler> scaler;
+  if (settings.precision == actors::Precision::fp16) scaler.emplace(settings.loss_scaler);
 
   // 2. The data-parallel group.
   if (!world && size > 1) {
@@ -98,15 +124,19 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   impl->config = resolved;
   impl->settings = settings;
   impl->schedule.emplace(settings.schedule);
+  impl->scaler = scaler;
   auto shared = std::make_shared<actors::detail::EngineShared>();
   shared->stage = settings.stage;
+  shared->dtype = dtype;
+  shared->fp16 = settings.precision == actors::Precision::fp16;
+  shared->fp32_master = settings.fp32_master;
   shared->rank = rank;
   shared->world = size;
   shared->dp = world;
   shared->timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
   // DeepSpeed aligns partitions to 2 elements; stage 0 keeps one "partition" holding everything.
   shared->flat = std::make_unique<zero::FlatParameters>(trainable, settings.stage >= 1 ? size : 1,
-                                                        settings.stage >= 1 ? 2 : 1);
+                                                        settings.stage >= 1 ? 2 : 1, dtype);
   shared->plan = zero::make_bucket_plan(
       shared->flat->layout(),
       settings.stage == 2 ? zero::BucketShape::reduce_scatter : zero::BucketShape::all_reduce,
@@ -122,10 +152,13 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   impl->hooks = std::make_unique<zero::GradReadyHooks>(
       shared->flat->parameters(),
       [raw, reducer](int64_t i) {
+        if (!raw->armed.load()) raw->unarmed_backward = true;
         if (raw->reducing.load()) caf::anon_send(reducer, actors::ready_atom::value, i);
       },
       [raw, reducer] {
         if (raw->reducing.load()) caf::anon_send(reducer, actors::flush_atom::value);
+        raw->reducing = false;
+        raw->armed = false;
       });
   return std::make_shared<Engine>(std::move(impl));
 }
@@ -136,23 +169,19 @@ void Engine::backward(const at::Tensor& loss) {
     throw Error("backward: the loss must be a scalar tensor (got " +
                 (loss.defined() ? std::to_string(loss.numel()) + " elements" : std::string("undefined")) + ")");
   if (!loss.requires_grad()) throw Error("backward: the loss does not require grad (was it computed under no_grad?)");
-  const bool boundary = s.boundary();
-  if (boundary && s.boundary_backwards > 0)
-    throw Error("backward: called twice in the micro-step that ends gradient accumulation (micro-step " +
-                std::to_string(s.micro) + "); reduce once per boundary: call step() in between");
-  if (!s.shared->flat->gradients_attached())
-    throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
-  const bool reduce = boundary && s.shared->world > 1;
-  s.reducing = reduce;
-  if (reduce) caf::anon_send(s.reducer, actors::begin_atom::value);
   scale(loss).backward();
   s.reducing = false;
-  if (boundary) ++s.boundary_backwards;
+  s.armed = false;
 }
 
-at::Tensor Engine::scale(const at::Tensor& loss) const {
-  const auto gas = impl_->settings.gradient_accumulation_steps;
-  return gas > 1 ? loss / double(gas) : loss;
+at::Tensor Engine::scale(const at::Tensor& loss) {
+  auto& s = *impl_;
+  s.arm_backward();
+  const auto gas = s.settings.gradient_accumulation_steps;
+  at::Tensor scaled = gas > 1 ? loss / double(gas) : loss;
+  // DeepSpeed scales the fp32 loss: (loss / gas).float() * scale.
+  if (s.scaler) scaled = scaled.to(at::kFloat) * s.scaler->scale();
+  return scaled;
 }
 
 void Engine::step() {
@@ -161,9 +190,14 @@ void Engine::step() {
     ++s.micro;
     return;
   }
+  if (s.scaler && s.unarmed_backward)
+    throw Error("step: a backward ran on a loss the engine did not scale (fp16 needs engine.backward(loss) or "
+                "engine.scale(loss).backward()); the gradients are wrong by the loss scale " +
+                std::to_string(s.scaler->scale()) + ". Call zero_grad() and redo the micro-step");
   actors::StepRequest request;
   request.hyperparameters = s.hyperparameters(s.global);
   request.max_grad_norm = s.settings.max_grad_norm;
+  request.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
   actors::StepReport report;
   bool answered = false;
   caf::scoped_actor self{actors::actor_system()};
@@ -178,19 +212,30 @@ void Engine::step() {
   if (report.error) std::rethrow_exception(report.error);
   if (!answered) throw Error("step: no answer from the optimizer shard");
   s.last_grad_norm = report.grad_norm;
+  if (report.overflow) ++s.skipped;
+  if (s.scaler) {
+    const auto update = s.scaler->update(report.overflow);
+    if (report.overflow && s.shared->rank == 0)
+      std::fprintf(stderr, "[tessera] step %lld: %s (skipped steps: %lld)\n", static_cast<long long>(s.global),
+                   update.describe().c_str(), static_cast<long long>(s.skipped));
+  }
+  s.unarmed_backward = false;
   ++s.global;
   ++s.micro;
   s.boundary_backwards = 0;
   s.shared->flat->zero_grad();
 }
 
-void Engine::zero_grad() { impl_->shared->flat->zero_grad(); }
+void Engine::zero_grad() {
+  impl_->shared->flat->zero_grad();
+  impl_->unarmed_backward = false;
+}
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->boundary(); }
 double Engine::get_lr() const { return impl_->hyperparameters(impl_->global).lr; }
 int64_t Engine::global_steps() const { return impl_->global; }
 int64_t Engine::micro_steps() const { return impl_->micro; }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }
-double Engine::loss_scale() const { return 1.0; }
+double Engine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
 double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
 void Engine::train() { impl_->module->train(true); }
 void Engine::eval() { impl_->module->eval(); }

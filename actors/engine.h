@@ -17,8 +17,12 @@
 // backward of the boundary micro-step. In fp32 at 2 ranks the result equals a single-process
 // LibTorch run that averages the ranks' gradients bit for bit (tests/engine checks it).
 //
-// Not yet (each refused with a clear error at initialize): fp16/bf16/autocast, ZeRO-3, offload,
-// tensor parallelism, parameter groups. Cross-rank contract: every rank calls backward/step the
+// Precision: fp32; bf16 with fp32 master weights (or bf16 master with bf16.bf16_master_weights_
+// and_grads, bf16 optimizer states with bf16_optimizer_states); fp16 with fp32 master and dynamic
+// or static loss scaling, overflowing steps skipped on every rank, counted and logged. Gloo has
+// no bf16/fp16 arithmetic: those gradients are reduced in fp32 and rounded once.
+// Not yet (each refused with a clear error at initialize): autocast, ZeRO-3, offload, tensor
+// parallelism, parameter groups. Cross-rank contract: every rank calls backward/step the
 // same number of times, with the same accumulation boundaries.
 #pragma once
 
@@ -62,9 +66,10 @@ class Engine {
   void step();
   // Zeroes the accumulated gradients.
   void zero_grad();
-  // The loss as backward() would differentiate it (divided by the accumulation steps), for a
-  // manual loss.backward().
-  at::Tensor scale(const at::Tensor& loss) const;
+  // The loss as backward() differentiates it (divided by the accumulation steps, times the fp16
+  // loss scale), for a manual scale(loss).backward(); it also arms the reduction of that
+  // backward. With fp16, a manual backward of an unscaled loss makes the next step() throw.
+  at::Tensor scale(const at::Tensor& loss);
 
   bool is_gradient_accumulation_boundary() const;
   double get_lr() const;              // the lr the next update uses

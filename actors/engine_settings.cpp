@@ -1,5 +1,7 @@
 #include "actors/engine_settings.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace tessera::actors {
@@ -18,8 +20,24 @@ EngineSettings engine_settings(const config::Config& c) {
   if (s.stage < 0 || s.stage > 3)
     throw ConfigError("zero_optimization.stage = " + std::to_string(s.stage) + ": expected 0, 1, 2 or 3");
   if (s.stage == 3) not_yet(c, "zero_optimization.stage", "ZeRO stage 3");
-  if (c.fp16.enabled.value) not_yet(c, "fp16.enabled", "fp16 mixed precision");
-  if (c.bf16.enabled.value) not_yet(c, "bf16.enabled", "bf16 mixed precision");
+  if (c.fp16.enabled.value && c.bf16.enabled.value)
+    throw ConfigError("fp16.enabled and bf16.enabled: choose one mixed precision, not both");
+  if (c.fp16.enabled.value) {
+    s.precision = Precision::fp16;
+    s.fp32_master = true;
+    auto& ls = s.loss_scaler;
+    ls.dynamic = c.fp16.loss_scale == 0.0;
+    ls.static_scale = c.fp16.loss_scale;
+    ls.initial_scale = std::ldexp(1.0, int(c.fp16.initial_scale_power));
+    ls.scale_window = c.fp16.loss_scale_window;
+    ls.hysteresis = c.fp16.hysteresis;
+    ls.min_scale = c.fp16.min_loss_scale;
+    if (c.fp16.auto_cast) not_yet(c, "fp16.auto_cast", "casting the inputs of forward to fp16");
+  } else if (c.bf16.enabled.value) {
+    s.precision = Precision::bf16;
+    s.fp32_master = !c.bf16.bf16_master_weights_and_grads;
+    s.optimizer.bf16_states = c.bf16.bf16_optimizer_states;
+  }
   if (c.torch_autocast.enabled) not_yet(c, "torch_autocast.enabled", "autocast");
   if (c.zero_optimization.offload_optimizer.device.value != config::OffloadDevice::none)
     not_yet(c, "zero_optimization.offload_optimizer.device", "optimizer offload");
@@ -34,6 +52,7 @@ EngineSettings engine_settings(const config::Config& c) {
   if (!c.optimizer) throw ConfigError("optimizer: the engine needs an `optimizer` section (type and params)");
   const auto& o = *c.optimizer;
   auto& opt = s.optimizer;
+  const bool bf16_states = opt.bf16_states;
   switch (o.type) {
     case config::OptimizerType::adam:
       opt.kind = o.adam_w_mode ? optim::OptimizerKind::AdamW : optim::OptimizerKind::Adam;
@@ -55,6 +74,7 @@ EngineSettings engine_settings(const config::Config& c) {
   opt.nesterov = o.nesterov;
   opt.lr_decay = o.lr_decay;
   opt.initial_accumulator_value = o.initial_accumulator_value;
+  opt.bf16_states = bf16_states;
 
   auto& sch = s.schedule;
   sch.base_lr = opt.lr;

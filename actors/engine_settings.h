@@ -11,13 +11,19 @@
 #include <optional>
 
 #include "core/config/config.h"
+#include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
 #include "core/optim/optimizer_options.h"
 
 namespace tessera::actors {
 
+enum class Precision { fp32, bf16, fp16 };
+
 struct EngineSettings {
   int64_t stage = 0;
+  Precision precision = Precision::fp32;  // of the module's parameters and gradients
+  bool fp32_master = false;               // bf16/fp16: fp32 master weights of the partition
+  optim::LossScalerOptions loss_scaler;   // fp16 only
   int64_t gradient_accumulation_steps = 1;
   double max_grad_norm = 0.0;                // 0 = no clipping
   int64_t reduce_bucket_elements = 500'000'000;
@@ -28,7 +34,7 @@ struct EngineSettings {
 };
 
 // `config` must be resolved (no "auto" left). Throws ConfigError for missing or unsupported
-// settings (fp16/bf16/autocast, ZeRO-3, offload, tensor parallelism, no optimizer section).
+// settings (autocast, ZeRO-3, offload, tensor parallelism, no optimizer section).
 EngineSettings engine_settings(const config::Config& config);
 
 }  // namespace tessera::actors

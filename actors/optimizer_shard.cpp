@@ -15,27 +15,67 @@ namespace {
 struct OptimizerShardState {
   std::shared_ptr<detail::EngineShared> shared;
   std::shared_ptr<optim::FlatOptimizer> optimizer;
+  at::Tensor master;  // fp32 copy of our partition (mixed precision with fp32 master), else undefined
   caf::actor reducer;
   caf::actor parameter_shard;
 
   int64_t owned_rank() const { return shared->stage >= 1 ? shared->rank : 0; }
 
-  double clip(double max_norm) {
-    auto& flat = *shared->flat;
-    if (shared->stage < 2 || shared->world == 1) {
-      // Every rank holds every averaged gradient: LibTorch's own function, bit for bit.
-      return torch::nn::utils::clip_grad_norm_(flat.parameters(), max_norm);
-    }
-    const auto& layout = flat.layout();
+  // Global norm of the averaged gradients as torch::nn::utils::clip_grad_norm_ defines it, from
+  // our partition `g` (partition-relative): per-parameter squared norms summed across ranks when
+  // the partition does not hold every parameter; `g` is scaled in place when clipping.
+  double clip_partition(const at::Tensor& g, double max_norm) {
+    const auto& layout = shared->flat->layout();
+    const int64_t owned = owned_rank(), base = layout.partition_begin(owned);
     auto sums = at::zeros({int64_t(layout.params.size())}, at::kDouble);
-    for (const auto& f : layout.fragments(shared->rank))
-      sums[f.param_index] += flat.grad_buffer().narrow(0, f.flat_begin, f.length).to(at::kDouble).pow(2).sum();
-    transport::ReduceOptions sum;
-    shared->dp->all_reduce(sums, sum)->wait();
-    auto total = sums.sqrt().to(flat.grad_buffer().scalar_type()).norm();
+    for (const auto& f : layout.fragments(owned))
+      sums[f.param_index] += g.narrow(0, f.flat_begin - base, f.length).to(at::kDouble).pow(2).sum();
+    if (shared->stage >= 1 && shared->world > 1) shared->dp->all_reduce(sums, transport::ReduceOptions{})->wait();
+    auto total = sums.sqrt().to(at::kFloat).norm();
     auto coefficient = (max_norm / (total + 1e-6)).clamp_max(1.0);
-    flat.grad_partition(shared->rank).mul_(coefficient);
+    g.mul_(coefficient.to(g.scalar_type()));
     return total.item<double>();
+  }
+
+  // One update of our partition; false when it was skipped (fp16 overflow).
+  bool update(const StepRequest& request, StepReport& report) {
+    auto& flat = *shared->flat;
+    const int64_t owned = owned_rank();
+    auto param = flat.partition(owned);
+    auto grad = flat.grad_partition(owned);
+    if (!master.defined() && shared->dtype == at::kFloat) {
+      if (request.max_grad_norm > 0) {
+        // Every rank holds every averaged gradient at stages 0/1: LibTorch's own function, bitwise.
+        report.grad_norm = shared->stage < 2 || shared->world == 1
+                               ? torch::nn::utils::clip_grad_norm_(flat.parameters(), request.max_grad_norm)
+                               : clip_partition(grad, request.max_grad_norm);
+      }
+      optimizer->step(param, grad, request.hyperparameters);
+      return true;
+    }
+    // Mixed precision: unscale (fp16), check overflow on every rank, clip, update.
+    auto g = master.defined() ? grad.to(at::kFloat) : grad;
+    if (request.loss_scale != 1.0) g.mul_(1.0 / request.loss_scale);
+    if (shared->fp16) {
+      auto flag = at::full({1}, at::isfinite(g).all().item<bool>() ? 0.0f : 1.0f, at::kFloat);
+      if (shared->world > 1) {
+        transport::ReduceOptions max;
+        max.op = transport::ReduceOp::max;
+        shared->dp->all_reduce(flag, max)->wait();
+      }
+      if (flag.item<float>() > 0) {
+        report.overflow = true;
+        return false;
+      }
+    }
+    if (request.max_grad_norm > 0) report.grad_norm = clip_partition(g, request.max_grad_norm);
+    if (master.defined()) {
+      optimizer->step(master, g, request.hyperparameters);
+      param.copy_(master);  // round to the parameters' dtype
+    } else {
+      optimizer->step(param, g, request.hyperparameters);
+    }
+    return true;
   }
 };
 
@@ -48,6 +88,7 @@ caf::behavior optimizer_shard(caf::stateful_actor<OptimizerShardState>* self,
   s.optimizer = std::move(optimizer);
   s.reducer = std::move(reducer);
   s.parameter_shard = std::move(parameter_shard);
+  if (s.shared->fp32_master) s.master = s.shared->flat->partition(s.owned_rank()).to(at::kFloat);
   const auto timeout = s.shared->timeout;
   return {
       [=](step_atom, const StepRequest& request) -> caf::result<StepReport> {
@@ -65,10 +106,10 @@ caf::behavior optimizer_shard(caf::stateful_actor<OptimizerShardState>* self,
                   try {
                     if (issued.error) std::rethrow_exception(issued.error);
                     for (auto& work : issued.works) work->wait();
-                    if (request.max_grad_norm > 0) report.grad_norm = st.clip(request.max_grad_norm);
-                    const auto& flat = *st.shared->flat;
-                    st.optimizer->step(flat.partition(st.owned_rank()), flat.grad_partition(st.owned_rank()),
-                                       request.hyperparameters);
+                    if (!st.update(request, report)) {
+                      promise.deliver(report);  // skipped: nothing changed, nothing to gather
+                      return;
+                    }
                   } catch (...) {
                     fail(std::current_exception());
                     return;

@@ -38,10 +38,12 @@ struct WorkList {
 struct StepRequest {
   optim::StepHyperparameters hyperparameters;
   double max_grad_norm = 0.0;  // 0 = no clipping
+  double loss_scale = 1.0;     // gradients are divided by it before anything else (fp16)
 };
 
 struct StepReport {
   double grad_norm = -1.0;  // global L2 norm of the averaged gradients (-1: not computed)
+  bool overflow = false;    // fp16: a gradient was inf/NaN on some rank; nothing was updated
   std::exception_ptr error;
 };
 

@@ -51,6 +51,11 @@ class StatefulOptimizer : public FlatOptimizer {
 
  protected:
   bool initialized() const { return states_.empty() || states_[0].defined(); }
+  // A zero state shaped like the partition, in bf16 when the options ask for it.
+  at::Tensor zero_state(const at::Tensor& p) const {
+    return at::zeros_like(p, options_.bf16_states ? p.options().dtype(at::kBFloat16) : p.options(),
+                          at::MemoryFormat::Preserve);
+  }
   void check_state_length(const at::Tensor& param) const {
     if (states_.empty() || !states_[0].defined() || states_[0].numel() == param.numel()) return;
     throw Error("step: optimizer states have " + std::to_string(states_[0].numel()) +
@@ -74,7 +79,7 @@ class AdamOptimizer final : public StatefulOptimizer {
     const bool decoupled = options_.kind == OptimizerKind::AdamW;
     if (decoupled && options_.weight_decay != 0) p.mul_(1 - hp.lr * options_.weight_decay);
     if (!initialized()) {
-      for (auto& s : states_) s = at::zeros_like(p, at::MemoryFormat::Preserve);
+      for (auto& s : states_) s = zero_state(p);
     }
     auto& exp_avg = states_[0];
     auto& exp_avg_sq = states_[1];
@@ -115,7 +120,7 @@ class SgdOptimizer final : public StatefulOptimizer {
     if (options_.momentum != 0) {
       auto& buf = states_[0];
       if (!buf.defined()) {
-        buf = at::clone(d_p).detach();
+        buf = options_.bf16_states ? d_p.to(at::kBFloat16) : at::clone(d_p).detach();
       } else {
         buf.mul_(options_.momentum).add_(d_p, 1 - options_.dampening);
       }
@@ -136,7 +141,7 @@ class AdagradOptimizer final : public StatefulOptimizer {
     check_state_length(p);
     at::NoGradGuard no_grad;
     if (!initialized())
-      states_[0] = at::full_like(p, options_.initial_accumulator_value, at::MemoryFormat::Preserve);
+      states_[0] = zero_state(p).fill_(options_.initial_accumulator_value);
     ++steps_taken_;
     at::Tensor grad = grad_in;
     if (options_.weight_decay != 0) grad = grad.add(p, options_.weight_decay);
@@ -156,7 +161,7 @@ class LionOptimizer final : public StatefulOptimizer {
     check_step_inputs(p, grad, "Lion");
     check_state_length(p);
     at::NoGradGuard no_grad;
-    if (!initialized()) states_[0] = at::zeros_like(p, at::MemoryFormat::Preserve);
+    if (!initialized()) states_[0] = zero_state(p);
     auto& exp_avg = states_[0];
     if (options_.weight_decay != 0) p.mul_(1 - hp.lr * options_.weight_decay);
     auto update = exp_avg.mul(hp.beta1).add_(grad, 1 - hp.beta1).sign_();

@@ -30,6 +30,9 @@ struct OptimizerOptions {
   bool nesterov = false;   // SGD
   double lr_decay = 0.0;   // Adagrad
   double initial_accumulator_value = 0.0;  // Adagrad
+  // Keep the per-element states in bf16 (DeepSpeed's bf16.bf16_optimizer_states); the update
+  // itself still runs in the parameter's dtype.
+  bool bf16_states = false;
 };
 
 // "Adam", "AdamW", "SGD", "Adagrad", "Lion" (DeepSpeed's `optimizer.type`, case-insensitive).

@@ -8,7 +8,7 @@
 namespace tessera::zero {
 
 FlatParameters::FlatParameters(const std::vector<std::pair<std::string, at::Tensor>>& named_parameters,
-                               int64_t dp_size, int64_t alignment_elements) {
+                               int64_t dp_size, int64_t alignment_elements, std::optional<at::ScalarType> dtype) {
   std::vector<std::string> names;
   std::vector<int64_t> numels;
   for (const auto& [name, p] : named_parameters) {
@@ -21,8 +21,9 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, at::Tens
     numels.push_back(p.numel());
   }
   layout_ = make_flat_group_layout(names, numels, dp_size, alignment_elements);
-  const auto options = named_parameters.empty() ? at::TensorOptions(at::kFloat)
-                                                : named_parameters.front().second.options().requires_grad(false);
+  auto options = named_parameters.empty() ? at::TensorOptions(at::kFloat)
+                                          : named_parameters.front().second.options().requires_grad(false);
+  if (dtype) options = options.dtype(*dtype);
   buffer_ = at::zeros({layout_.padded_numel}, options);
   grad_buffer_ = at::zeros({layout_.padded_numel}, options);
   at::NoGradGuard no_grad;

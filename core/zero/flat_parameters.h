@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,9 +29,11 @@ namespace tessera::zero {
 class FlatParameters {
  public:
   // Copies the values of `named_parameters` (all of one dtype, contiguous or not) into a new flat
-  // buffer laid out for `dp_size` ranks, then re-points every parameter at its slice.
+  // buffer laid out for `dp_size` ranks, then re-points every parameter at its slice. With
+  // `dtype` set, the buffers have that dtype and the values are rounded to it (a bf16 or fp16
+  // model made from fp32 weights, as DeepSpeed converts the module).
   FlatParameters(const std::vector<std::pair<std::string, at::Tensor>>& named_parameters, int64_t dp_size,
-                 int64_t alignment_elements = 1);
+                 int64_t alignment_elements = 1, std::optional<at::ScalarType> dtype = std::nullopt);
 
   const FlatGroupLayout& layout() const { return layout_; }
   const at::Tensor& buffer() const { return buffer_; }            // [padded_numel]
