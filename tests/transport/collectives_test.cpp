@@ -253,3 +253,25 @@ TEST_CASE("a rank that skips a collective makes the others time out", "[.skip]")
     std::_Exit(ok ? 42 : 1);
   }
 }
+
+// Run alone (ctest transport.collectives.peer_lost): rank 1 exits (status 0) after the first
+// all-reduce; rank 0 must get PeerLostError (or, if the loss is noticed only as silence, the
+// timeout error naming rank 1) and exits 43, which the launcher reports.
+TEST_CASE("a peer that goes away is reported, not waited for forever", "[.peerlost]") {
+  auto& w = MpWorld::get();
+  auto t = torch::ones({1 << 16});
+  w.world->all_reduce(t)->wait();
+  if (w.rank == 1) std::_Exit(0);
+  try {
+    w.world->all_reduce(t)->wait();
+    FAIL("the all-reduce completed without rank 1");
+  } catch (const tessera::PeerLostError& e) {
+    std::printf("rank %d got peer lost: %s\n", w.rank, e.what());
+    std::fflush(stdout);
+    std::_Exit(43);
+  } catch (const tessera::TimeoutError& e) {
+    std::printf("rank %d got timeout: %s\n", w.rank, e.what());
+    std::fflush(stdout);
+    std::_Exit(std::string(e.what()).find("rank 1") != std::string::npos ? 43 : 1);
+  }
+}
