@@ -73,7 +73,8 @@ class UcxEndpoint {
   // Connects to the worker at `peer_address` (UcxContext::worker_address() of the peer);
   // `peer_name` ("rollout rank 2") goes into errors.
   UcxEndpoint(UcxContext& context, const std::vector<uint8_t>& peer_address, std::string peer_name);
-  ~UcxEndpoint();  // flushes and closes (bounded); never throws
+  ~UcxEndpoint();  // waits for put_nowait requests (bounded), then force-closes; never throws.
+                   // Call flush() first when the peer must see every earlier put.
   UcxEndpoint(const UcxEndpoint&) = delete;
   UcxEndpoint& operator=(const UcxEndpoint&) = delete;
 
