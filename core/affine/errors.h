@@ -12,8 +12,9 @@
 //   │   ├── CoverageError         a target does not cover the tensor / a target piece is under-filled
 //   │   ├── HolderError           holders named that do not hold the box; replicas disagree
 //   │   └── StorageOverlapError   two pieces of one rank share a storage address; box outside buffer
-//   ├── UnsupportedLayoutError    legal geometry this planner does not express (replicas cut
-//   │                             differently in a source, non axis-aligned strides, > 8 axes)
+//   ├── UnsupportedLayoutError    geometry this layer does not express (strides whose elements
+//   │                             would share addresses, > 8 axes, DeepSpeed scale != 1, a layout
+//   │                             piece that is not a box of its shard in nest())
 //   ├── ReplicaPolicyError        a policy that cannot decide (callback returned a non-holder, ...)
 //   ├── BudgetExceededError       a safety limit of PlanOptions / executor was exceeded
 //   ├── FormatError               a JSON document is malformed or a field has the wrong type

@@ -1,6 +1,7 @@
 #include "core/affine/planner.h"
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 
 #include "core/affine/detail/digest.h"
@@ -19,6 +20,7 @@ struct Prepared {
   CheckedMap target;
   CheckedMap source;
   detail::BoxIndex regions;
+  std::unique_ptr<TensorMap> refined_source;  // set when source replicas were cut to common boxes
 };
 
 // One intersection of a target piece with a source region, or part of one (balanced splits).
@@ -90,8 +92,8 @@ Prepared prepare(const PlanRequest& request, const PlanOptions& options) {
                           dtype_name(target.dtype));
   }
   detail::CheckLimits limits{options.max_pieces, options.max_overlap_runs};
-  Prepared p{&request, detail::check_map(target, "target", true, limits),
-             detail::check_map(source, "source", false, limits), {}};
+  Prepared p{&request, detail::check_map(target, "target", true, limits), {}, {}, nullptr};
+  p.source = detail::check_source_map(source, "source", limits, p.refined_source);
   p.regions = detail::check_source_regions(p.source);
   detail::check_target_coverage(p.target);
   return p;
@@ -253,7 +255,7 @@ uint64_t input_digest(const TensorMap& target_map, const TensorMap& source_map, 
   detail::Fnv64 h;
   h.add(std::string("tessera.plan-input.v1"));
   hash_map(h, target_map);
-  hash_map(h, source_map);
+  hash_map(h, source_map);  // the map as given (not its cut copy): processes compare inputs
   hash_policy(h, policy);
   return h.value();
 }

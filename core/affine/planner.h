@@ -7,8 +7,10 @@
 // shapes or dtypes; a target that does not cover the tensor; a source that does not cover it, or
 // whose replicas disagree about their holders, or that names a holder not holding the whole box; two
 // pieces of one rank on the same address or the same element; boxes outside the tensor or outside a
-// buffer; strides that are not an axis-aligned layout; source replicas cut at different boundaries
-// (UnsupportedLayoutError). Budgets are safety limits only, with a clear BudgetExceededError.
+// buffer; strides that are not an axis-aligned layout (UnsupportedLayoutError). Source replicas cut
+// at different boundaries (one holder stores a box whole, another in parts) are accepted: the source
+// is cut to common boxes first (cut_replicas_to_common_boxes), and holders must agree cell by cell.
+// Budgets are safety limits only, with a clear BudgetExceededError.
 //
 // Cost: O(n log n) in pieces, never per element: a (10^9, 8) tensor plans like a (10, 8) one.
 // Argument order: target first, source second (as DeepSpeed's plan_transfer).

@@ -135,7 +135,7 @@ TEST_CASE("plan: refusals name tensor, rank and box", "[affine][planner]") {
   SECTION("two owners for one region") {
     TensorMap two = good;
     two.ranks[1].pieces[0].box = Box({2, 0}, {4, 8});
-    CHECK_THROWS_WITH(affine::plan(good, two), Catch::Contains("two owners") && Catch::Contains("Box((2,0)+(4,8))"));
+    CHECK_THROWS_WITH(affine::plan(good, two), Catch::Contains("two owners") && Catch::Contains("source rank 1"));
   }
   SECTION("a named holder that does not hold the box") {
     TensorMap lie = good;
@@ -148,13 +148,32 @@ TEST_CASE("plan: refusals name tensor, rank and box", "[affine][planner]") {
     rep.ranks[0].pieces[0].holders = {0};
     CHECK_THROWS_AS(affine::plan(good, rep), HolderError);
   }
-  SECTION("source replicas cut differently are unsupported") {
-    TensorMap src = rows(8, 8, 2);
-    src.ranks[2] = replicated({"w", DType::f32, {8, 8}}, 1).ranks[0];
-    src.ranks[0].pieces[0].holders = {0, 2};
-    src.ranks[1].pieces[0].holders = {1, 2};
-    src.ranks[2].pieces[0].holders = {2};
-    CHECK_THROWS_AS(affine::plan(good, src), UnsupportedLayoutError);
+  SECTION("source replicas cut differently are cut to common boxes and planned exactly") {
+    // Rank 0 holds the tensor as one piece, rank 1 the same elements as two row blocks (stored in
+    // the other order). Every element is held by {0, 1}: homogeneous, just cut differently.
+    TensorMap src = replicated({"w", DType::f32, {8, 8}}, 2);
+    src.ranks[1].pieces = {Piece{Box({0, 0}, {4, 8}), 32, {8, 1}, {0, 1}}, Piece{Box({4, 0}, {4, 8}), 0, {8, 1}, {0, 1}}};
+    src.ranks[1].buffer_shape = Dims();
+    TensorMap disagree = src;
+    disagree.ranks[1].pieces[1].holders = {1};
+    CHECK_THROWS_AS(affine::plan(good, disagree), HolderError);
+    TensorMap overclaim = src;
+    overclaim.ranks[1].pieces.pop_back();  // rank 1 now holds only half of what rank 0 says it holds
+    overclaim.ranks[1].pieces[0].holders = {0, 1};
+    CHECK_THROWS_WITH(affine::plan(good, overclaim), Catch::Contains("does not hold it entirely"));
+    for (const auto& policy : {ReplicaPolicy::lowest(), ReplicaPolicy::balanced()}) {
+      PlanOptions o;
+      o.policy = policy;
+      const Plan p = affine::plan(cols(8, 8, 4), src, o);
+      CHECK(p.statistics.source_regions == 2);  // rank 0's piece cut into the two row blocks
+      CHECK(check_transfer(cols(8, 8, 4), src, p).empty());
+    }
+    auto second = ReplicaPolicy::callback("rank1", [](const ReplicaRequest&) { return 1; });
+    PlanOptions o;
+    o.policy = second;
+    const Plan from1 = affine::plan(cols(8, 8, 4), src, o);
+    CHECK(from1.statistics.bytes_per_source_rank == std::map<int, int64_t>{{1, 256}});
+    CHECK(check_transfer(cols(8, 8, 4), src, from1).empty());
   }
   SECTION("two pieces of one rank on the same address") {
     TensorMap clash = replicated({"w", DType::f32, {4}}, 1);

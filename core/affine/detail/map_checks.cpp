@@ -4,6 +4,7 @@
 
 #include "core/affine/detail/strided_region.h"
 #include "core/affine/errors.h"
+#include "core/affine/nest.h"
 
 namespace tessera::affine::detail {
 namespace {
@@ -202,7 +203,8 @@ CheckedMap check_map(const TensorMap& map, const std::string& role, bool allow_r
       }
       for (int holder : ranks) {
         if (!std::binary_search(declared.begin(), declared.end(), holder)) {
-          throw HolderError(describe(map) + ": replicas of " + to_string(box) + " disagree about their holders: " +
+          throw HolderError(describe(map) + ": replicas of " + to_string(box) +
+                            " disagree about their holders (part of the tensor would have two owners): " +
                             rank_label(c, frame.rank) + " declares " + holders_label(declared) + " but " +
                             rank_label(c, holder) + " also holds it");
         }
@@ -212,6 +214,30 @@ CheckedMap check_map(const TensorMap& map, const std::string& role, bool allow_r
   }
   c.group_begin.push_back(c.frames.size());
   return c;
+}
+
+namespace {
+
+bool distinct_boxes_overlap(const CheckedMap& c) {
+  std::vector<Box> boxes;
+  for (size_t g = 0; g < c.groups(); ++g) boxes.push_back(c.group_box(g));
+  const BoxIndex index(std::move(boxes));
+  bool overlap = false;
+  for (size_t g = 0; g < index.size() && !overlap; ++g) {
+    index.for_each_overlap(index.box(g), [&](size_t h, const Box&) { overlap = overlap || h != g; });
+  }
+  return overlap;
+}
+
+}  // namespace
+
+CheckedMap check_source_map(const TensorMap& map, const std::string& role, const CheckLimits& limits,
+                            std::unique_ptr<TensorMap>& refined) {
+  CheckedMap c = check_map(map, role, true, limits);
+  if (!distinct_boxes_overlap(c)) return c;  // then no holder can hold a box in another cut either
+  refined = std::make_unique<TensorMap>(map);
+  cut_replicas_to_common_boxes(*refined);
+  return check_map(*refined, role, false, limits);
 }
 
 BoxIndex check_source_regions(const CheckedMap& c) {

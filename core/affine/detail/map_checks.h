@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,12 @@ struct CheckLimits {
 // (targets); otherwise it is an UnsupportedLayoutError (sources).
 CheckedMap check_map(const TensorMap& map, const std::string& role, bool allow_recut_replicas,
                      const CheckLimits& limits);
+
+// check_map for a source: replicas cut at different boundaries (one holder stores a box whole,
+// another in parts) are accepted by checking, instead, a copy cut to common boxes, which `refined`
+// then owns (frames point into it). Holders must still agree cell by cell.
+CheckedMap check_source_map(const TensorMap& map, const std::string& role, const CheckLimits& limits,
+                            std::unique_ptr<TensorMap>& refined);
 
 // Distinct boxes must be disjoint and cover the tensor exactly. Returns the region index.
 BoxIndex check_source_regions(const CheckedMap& checked);
