@@ -11,8 +11,9 @@
 //     share an address); every address lies inside [0, buffer_elements) of its rank;
 //   - two pieces of one rank never share an address and never hold the same logical element;
 //   - a rank's buffer may have holes (ZeRO padding, other tensors' data): pieces need not tile it;
-//   - replicas: piece.holders lists every rank that stores an identical copy of exactly that box
-//     (sorted, and including the piece's own rank); each of those ranks lists its own piece of it;
+//   - replicas: piece.holders lists every rank that stores a copy of the box (sorted, including the
+//     piece's own rank); each holder stores all of it, in one piece or cut differently, and no other
+//     rank stores any part of it (holders are the same for every element of a piece);
 //   - a source map covers the tensor exactly once up to replicas; padding is never part of a map.
 // Ranks are labels inside one map ({3, 9} is fine); source and target rank spaces are unrelated.
 //
@@ -38,7 +39,7 @@ struct Piece {
   Box box;                   // logical region of the tensor
   int64_t offset = 0;        // storage address (elements) of box.origin in the rank's buffer
   Dims strides;              // storage stride (elements) of each logical axis
-  std::vector<int> holders;  // ranks holding identical copies of `box`, sorted, includes own rank
+  std::vector<int> holders;  // ranks holding copies of every element of `box`, sorted, incl. own rank
 
   // Storage address of logical index `index` (which must lie in box).
   int64_t address_of(const Dims& index) const;
