@@ -2,7 +2,8 @@
 // S ranks and a target job of T ranks move three tensors, with row -> column resharding, replicated
 // sources (replica choice) and ZeRO-3 partitions (padding), into NaN-filled (0xFF) targets; every
 // target element must equal the closed-form oracle bitwise and padding must stay untouched. Then a
-// batch the target job plans differently must be refused on every process with no byte moved.
+// batch the target job plans differently, and one whose targets overlap, must be refused on
+// every process with no byte moved.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -108,7 +109,8 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
   const std::vector<affine::TensorInfo> infos{{"w", DType::f32, {12, 10}}, {"b", DType::f32, {7}},
                                               {"e", DType::bf16, {5, 6}}};
   RemoteExecutor executor(peers, "weights");
-  for (bool disagree : {false, true}) {
+  for (int round : {0, 1, 2}) {
+    const bool disagree = round == 1, overlap = round == 2;
     std::vector<Tensor> tensors(infos.size());
     std::vector<RemoteTransfer> batch;
     for (int tid = 0; tid < static_cast<int>(infos.size()); ++tid) {
@@ -135,6 +137,24 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
       affine::LocalBuffer lb{tensors[tid].buffers[rank].data(), mine.buffer_elements, infos[tid].dtype};
       (is_source ? rt.source_buffers : rt.target_buffers)[rank] = lb;
       batch.push_back(std::move(rt));
+    }
+    if (overlap) {
+      // Both jobs list tensor "w" twice: the target processes see their bytes written twice and
+      // refuse; every process must raise the same refusal, and nothing moves.
+      batch.push_back(batch[0]);
+      try {
+        executor.execute(batch);
+        FAIL("a batch with overlapping targets was executed");
+      } catch (const affine::TransferRefusedError& e) {
+        std::string what = e.what();
+        CHECK(what.find("refused on every process, no byte moved") != std::string::npos);
+        CHECK(what.find("job '" + target_job + "' rank 0 refused: tensor") == std::string::npos);
+        CHECK(what.find("written twice") != std::string::npos);
+      }
+      if (!is_source)
+        for (auto& t : tensors)
+          for (auto byte : t.buffers[rank]) REQUIRE(byte == 0xFF);
+      continue;
     }
     if (disagree) {
       try {

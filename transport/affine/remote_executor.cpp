@@ -150,6 +150,46 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
     }
   }
 
+  // Every byte of this process's targets is written once in the whole batch, and no source byte of
+  // this process is also a target byte (aliasing buffers included): runs as byte intervals.
+  if (reject.empty()) {
+    std::vector<std::pair<uintptr_t, uintptr_t>> target_runs, source_runs;
+    for (const auto& t : batch) {
+      const int64_t es = affine::element_size(t.plan->dtype);
+      for (const auto& s : t.plan->segments) {
+        const bool src_mine = t.source_processes[s.source_rank] == me;
+        const bool dst_mine = t.target_processes[s.target_rank] == me;
+        if (!src_mine && !dst_mine) continue;
+        const auto src_base = src_mine ? reinterpret_cast<uintptr_t>(t.source_buffers.at(s.source_rank).data) : 0;
+        const auto dst_base = dst_mine ? reinterpret_cast<uintptr_t>(t.target_buffers.at(s.target_rank).data) : 0;
+        for_each_run(s, [&](int64_t src, int64_t dst, int64_t n) {
+          if (src_mine) source_runs.emplace_back(src_base + src * es, src_base + (src + n) * es);
+          if (dst_mine) target_runs.emplace_back(dst_base + dst * es, dst_base + (dst + n) * es);
+        });
+        if (target_runs.size() + source_runs.size() > (size_t{1} << 26)) {
+          reject = "more than 2^26 runs to check for overlapping targets";
+          break;
+        }
+      }
+      if (!reject.empty()) break;
+    }
+    std::sort(target_runs.begin(), target_runs.end());
+    for (size_t i = 1; i < target_runs.size() && reject.empty(); ++i)
+      if (target_runs[i].first < target_runs[i - 1].second)
+        reject = "a target byte of this process is written twice in the batch (overlapping targets)";
+    if (reject.empty() && !target_runs.empty()) {
+      std::sort(source_runs.begin(), source_runs.end());
+      size_t j = 0;
+      for (const auto& run : source_runs) {
+        while (j < target_runs.size() && target_runs[j].second <= run.first) ++j;
+        if (j < target_runs.size() && target_runs[j].first < run.second) {
+          reject = "a source byte of this process is also a target byte (source and target buffers alias)";
+          break;
+        }
+      }
+    }
+  }
+
   // Register this process's target buffers and publish their keys (before voting: one round).
   auto store = peers_.store()->scoped("remote/" + session_ + "/" + std::to_string(epoch));
   if (reject.empty()) {

@@ -5,7 +5,9 @@
 // Cross-process contract (every process named by any transfer calls `execute` with the same batch
 // description, each passing only the buffers it holds; processes not named return at once):
 //   1. Validate locally: every plan rank is placed on a process; every buffer this process must
-//      provide is there, with the plan's dtype, and every segment lies inside it.
+//      provide is there, with the plan's dtype, and every segment lies inside it; no byte of this
+//      process's targets is written twice in the batch (two transfers into aliasing buffers
+//      included) and no source byte of this process is also a target byte.
 //   2. Agree before any byte moves: each process publishes (digest of the batch: plan digests,
 //      input digests, placements; reject flag; reason) in the store, and reads everyone's. One
 //      reject or one differing digest makes EVERY process throw the same
