@@ -18,16 +18,17 @@ void walk(const Config& config, const Node& node, const std::string& path, std::
     for (const auto& [key, value] : node.fields) walk(config, value, path.empty() ? key : path + "." + key, out);
     return;
   }
+  const bool refused = std::any_of(config.unsupported.begin(), config.unsupported.end(), [&](const UnsupportedKey& k) {
+    return k.path == path || k.path.rfind(path + ".", 0) == 0;
+  });
   std::string mark;
   if (config.passthrough.count(path)) {
-    const bool refused = std::any_of(config.unsupported.begin(), config.unsupported.end(), [&](const UnsupportedKey& k) {
-      return k.path == path || k.path.rfind(path + ".", 0) == 0;
-    });
     mark = refused ? "not yet supported" : "ignored";
   } else {
     const Mark m = config.provenance.get(path);
     mark = name_of(m.origin);
     if (!m.note.empty()) mark += std::string(m.origin == Origin::pending_auto ? ": waits for " : ": ") + m.note;
+    if (refused) mark += "; not yet supported";
   }
   out.push_back(Line{path + " = " + to_json_text(node), mark});
 }

@@ -15,7 +15,7 @@ using tessera::config::test::source_path;
 namespace {
 std::vector<std::string> all_config_files() {
   std::vector<std::string> out;
-  for (const std::string dir : {source_path("configs"), source_path("configs/deepspeed")}) {
+  for (const std::string& dir : {source_path("configs"), source_path("configs/deepspeed")}) {
     if (DIR* d = opendir(dir.c_str())) {
       while (dirent* e = readdir(d)) {
         const std::string name = e->d_name;
