@@ -192,6 +192,7 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
 
   // Register this process's target buffers and publish their keys (before voting: one round).
   auto store = peers_.store()->scoped("remote/" + session_ + "/" + std::to_string(epoch));
+  std::vector<std::string> published;  // this process's memory keys of this epoch
   if (reject.empty()) {
     try {
       for (size_t ti = 0; ti < batch.size(); ++ti) {
@@ -215,7 +216,8 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
           std::memcpy(value.data(), &offset, 8);
           auto descriptor = memory->descriptor();
           value.insert(value.end(), descriptor.begin(), descriptor.end());
-          store->set("memory/" + std::to_string(ti) + "/" + std::to_string(rank), value);
+          published.push_back("memory/" + std::to_string(ti) + "/" + std::to_string(rank));
+          store->set(published.back(), value);
         }
       }
     } catch (const std::exception& e) {
@@ -251,6 +253,19 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
       throw affine::TransferRefusedError(head + " refused on every process, no byte moved: " +
                                          (first_reject.empty() ? mismatch : first_reject));
   }
+
+  // Everyone voted in this epoch, so everyone finished epoch - 1 (and read its keys): this
+  // process's keys of epoch - 1 can go, keeping the store from growing with every sync.
+  if (epoch > 1) {
+    try {
+      auto old_store = peers_.store()->scoped("remote/" + session_ + "/" + std::to_string(epoch - 1));
+      old_store->remove("vote/" + me.job + "/" + std::to_string(me.rank));
+      for (const auto& name : published_) old_store->remove(name);
+    } catch (const TransportError&) {
+      // Leftover keys are harmless.
+    }
+  }
+  published_ = published;
 
   // Connect to every job involved (idempotent).
   std::set<std::string> jobs;

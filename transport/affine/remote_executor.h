@@ -106,6 +106,7 @@ class RemoteExecutor {
   std::string session_;
   RemoteExecutorOptions options_;
   uint64_t epoch_ = 0;
+  std::vector<std::string> published_;  // memory keys this process published in the last epoch
   // By base address; a target buffer uses the registration that contains it.
   std::map<uintptr_t, std::shared_ptr<UcxMemory>> registrations_;
 };
