@@ -42,6 +42,7 @@ struct Engine::Impl {
   int64_t micro = 0, global = 0, skipped = 0;
   int boundary_backwards = 0;  // backward() calls in the current boundary micro-step
   double last_grad_norm = -1;
+  StepTiming timing;
 
   bool boundary() const { return (micro + 1) % settings.gradient_accumulation_steps == 0; }
   optim::StepHyperparameters hyperparameters(int64_t update_index) const {
@@ -130,6 +131,7 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   shared->dtype = dtype;
   shared->fp16 = settings.precision == actors::Precision::fp16;
   shared->fp32_master = settings.fp32_master;
+  shared->overlap_comm = settings.overlap_comm;
   shared->rank = rank;
   shared->world = size;
   shared->dp = world;
@@ -212,6 +214,7 @@ void Engine::step() {
   if (report.error) std::rethrow_exception(report.error);
   if (!answered) throw Error("step: no answer from the optimizer shard");
   s.last_grad_norm = report.grad_norm;
+  s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s};
   if (report.overflow) ++s.skipped;
   if (s.scaler) {
     const auto update = s.scaler->update(report.overflow);
@@ -237,6 +240,7 @@ int64_t Engine::micro_steps() const { return impl_->micro; }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }
 double Engine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
 double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
+StepTiming Engine::last_step_timing() const { return impl_->timing; }
 void Engine::train() { impl_->module->train(true); }
 void Engine::eval() { impl_->module->eval(); }
 std::shared_ptr<torch::nn::Module> Engine::module() const { return impl_->module; }

@@ -44,6 +44,13 @@ namespace transport {
 class Communicator;
 }
 
+// Where the time of the last update went (seconds, measured by the optimizer shard).
+struct StepTiming {
+  double reduction_wait_s = 0;  // reductions not yet finished when step() began (not hidden by backward)
+  double update_s = 0;          // unscale, overflow check, clip and optimizer update
+  double gather_s = 0;          // all-gather of the updated partitions
+};
+
 struct InitializeOptions {
   // The data-parallel group. nullptr: from tessera-launch's environment (RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT) when WORLD_SIZE > 1, else a single-rank engine.
@@ -78,6 +85,7 @@ class Engine {
   int64_t skipped_steps() const;      // updates skipped (fp16 overflow)
   double loss_scale() const;          // 1 without fp16
   double last_grad_norm() const;      // of the last update with clipping, else -1
+  StepTiming last_step_timing() const;
   void train();
   void eval();
   std::shared_ptr<torch::nn::Module> module() const;

@@ -47,6 +47,7 @@ EngineSettings engine_settings(const config::Config& c) {
   s.gradient_accumulation_steps = std::max<int64_t>(1, c.gradient_accumulation_steps.value);
   s.max_grad_norm = c.gradient_clipping.value;
   s.reduce_bucket_elements = c.zero_optimization.reduce_bucket_size.value;
+  s.overlap_comm = c.zero_optimization.overlap_comm;
   s.collective_timeout_ms = c.tessera.transport.collective_timeout_ms;
 
   if (!c.optimizer) throw ConfigError("optimizer: the engine needs an `optimizer` section (type and params)");

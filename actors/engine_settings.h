@@ -27,6 +27,7 @@ struct EngineSettings {
   int64_t gradient_accumulation_steps = 1;
   double max_grad_norm = 0.0;                // 0 = no clipping
   int64_t reduce_bucket_elements = 500'000'000;
+  bool overlap_comm = false;                  // zero_optimization.overlap_comm
   optim::OptimizerOptions optimizer;
   optim::ScheduleOptions schedule;            // Constant when the config has no scheduler
   int64_t schedule_offset = 0;                // scheduler.params.last_batch_iteration + 1

@@ -58,7 +58,7 @@ struct ReducerState {
     if (!active || param < 0 || size_t(param) >= seen.size() || seen[param]) return;
     seen[param] = 1;
     for (int64_t k : shared->plan.param_buckets[param]) --missing[k];
-    issue_ready();
+    if (shared->overlap_comm) issue_ready();  // else everything waits for flush (end of backward)
   }
 
   void flush() {

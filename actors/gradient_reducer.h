@@ -3,7 +3,8 @@
 //
 // Stages 0/1 all-reduce (average) each bucket of the flat gradient buffer in place; stage 2
 // reduce-scatters (average) partition-aligned buckets so each rank receives its own partition.
-// Bucket k is issued when all its parameters are ready and buckets 0..k-1 were issued, so every
+// With overlap_comm, bucket k is issued when all its parameters are ready and buckets 0..k-1 were
+// issued (without it, all buckets are issued in order when backward ends), so every
 // rank issues the same collectives in the same order whatever order autograd reports in.
 // Issued work is not waited for here: `collect` hands the handles to whoever waits (the
 // optimizer shard), so this actor never blocks.

@@ -5,12 +5,18 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+
 #include "actors/detail/engine_shared.h"
 #include "actors/protocol.h"
 #include "core/error.h"
 
 namespace tessera::actors {
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 struct OptimizerShardState {
   std::shared_ptr<detail::EngineShared> shared;
@@ -105,8 +111,13 @@ caf::behavior optimizer_shard(caf::stateful_actor<OptimizerShardState>* self,
                   StepReport report;
                   try {
                     if (issued.error) std::rethrow_exception(issued.error);
+                    auto t0 = std::chrono::steady_clock::now();
                     for (auto& work : issued.works) work->wait();
-                    if (!st.update(request, report)) {
+                    report.reduction_wait_s = seconds_since(t0);
+                    t0 = std::chrono::steady_clock::now();
+                    const bool updated = st.update(request, report);
+                    report.update_s = seconds_since(t0);
+                    if (!updated) {
                       promise.deliver(report);  // skipped: nothing changed, nothing to gather
                       return;
                     }
@@ -114,10 +125,12 @@ caf::behavior optimizer_shard(caf::stateful_actor<OptimizerShardState>* self,
                     fail(std::current_exception());
                     return;
                   }
+                  const auto gather_start = std::chrono::steady_clock::now();
                   self->request(st.parameter_shard, timeout, gather_atom::value)
                       .then(
                           [=](GatherReport& gathered) mutable {
                             StepReport done = report;
+                            done.gather_s = seconds_since(gather_start);
                             done.error = gathered.error;
                             promise.deliver(done);
                           },

@@ -44,6 +44,9 @@ struct StepRequest {
 struct StepReport {
   double grad_norm = -1.0;  // global L2 norm of the averaged gradients (-1: not computed)
   bool overflow = false;    // fp16: a gradient was inf/NaN on some rank; nothing was updated
+  double reduction_wait_s = 0;  // waiting for reductions still running when step() began
+  double update_s = 0;          // unscale, clip and optimizer update
+  double gather_s = 0;          // all-gather of the updated partitions
   std::exception_ptr error;
 };
 

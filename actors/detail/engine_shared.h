@@ -17,6 +17,7 @@ struct EngineShared {
   at::ScalarType dtype = at::kFloat;  // of the parameters and gradients (fp32, bf16 or fp16)
   bool fp16 = false;                  // check overflow and skip such steps
   bool fp32_master = false;           // keep fp32 master weights of the partition (bf16/fp16)
+  bool overlap_comm = false;          // reduce buckets as they fill during backward, else at its end
   int rank = 0;        // in the data-parallel group
   int world = 1;       // data-parallel size
   std::shared_ptr<transport::Communicator> dp;  // nullptr when world == 1

@@ -54,13 +54,15 @@ weight_decay = 0.01
 )";
   std::string scheduler;  // TOML, optional
   int64_t bucket = 5000;  // reduce_bucket_size in elements: several buckets
+  bool overlap = false;   // zero_optimization.overlap_comm
   uint64_t seed = 11;
 
   std::string toml() const {
     return "train_micro_batch_size_per_gpu = " + std::to_string(global_batch / kWorld) +
            "\ngradient_accumulation_steps = " + std::to_string(accumulation) +
            "\ngradient_clipping = " + std::to_string(clip) + "\n" + optimizer + scheduler +
-           "[zero_optimization]\nstage = " + std::to_string(stage) + "\nreduce_bucket_size = " + std::to_string(bucket) +
+           "[zero_optimization]\nstage = " + std::to_string(stage) + "\noverlap_comm = " + (overlap ? "true" : "false") +
+           "\nreduce_bucket_size = " + std::to_string(bucket) +
            "\n[tessera.transport]\ncollective_timeout_ms = 60000\n";
   }
 };
@@ -184,13 +186,16 @@ TEST_CASE("Stages 0, 1, 2 equal the single-process oracle and the full-batch run
   auto full = run_full_batch(s, adamw(3e-3, 0.01));
   full.losses = oracle.losses;  // the full-batch run has no per-rank losses
   for (int stage : {0, 1, 2}) {
-    s.stage = stage;
-    INFO("stage " << stage << " world " << kWorld);
-    auto engine = run_engine(s);
-    expect_match(engine, oracle);
-    INFO("against the full-batch run");
-    engine.losses = oracle.losses;
-    expect_match(engine, full, false);
+    for (bool overlap : {false, true}) {
+      s.stage = stage;
+      s.overlap = overlap;
+      INFO("stage " << stage << " overlap_comm " << overlap << " world " << kWorld);
+      auto engine = run_engine(s);
+      expect_match(engine, oracle);
+      INFO("against the full-batch run");
+      engine.losses = oracle.losses;
+      expect_match(engine, full, false);
+    }
   }
 }
 
@@ -253,8 +258,12 @@ TEST_CASE("Bad settings are refused before the model changes", "[engine]") {
   const std::string opt = "[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 1e-3\n";
   CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[zero_optimization]\nstage = 3\n" + opt)),
                     Catch::Contains("zero_optimization.stage") && Catch::Contains("not supported"));
-  CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[bf16]\nenabled = true\n" + opt)),
-                    Catch::Contains("bf16.enabled"));
+  CHECK_THROWS_WITH(
+      tessera::initialize(model.module(),
+                          load(opt + "[zero_optimization]\nstage = 2\n[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n")),
+      Catch::Contains("zero_optimization.offload_optimizer.device") && Catch::Contains("not supported"));
+  CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[fp16]\nenabled = true\n[bf16]\nenabled = true\n" + opt)),
+                    Catch::Contains("fp16") && Catch::Contains("bf16"));
   CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[zero_optimization]\nstage = 1\n")),
                     Catch::Contains("optimizer"));
   auto after = snapshot(*model.module());
