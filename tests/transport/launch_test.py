@@ -122,6 +122,8 @@ class Failure(unittest.TestCase):
             out, err = p.communicate(timeout=30)
             self.assertEqual(sorted(l for l in out.splitlines() if "got-term" in l),
                              ["[rank0]: got-term", "[rank1]: got-term"])
+            self.assertEqual(p.returncode, 128 + signal.SIGTERM)  # interrupted, though ranks exited 0
+            self.assertIn("forwarded SIGTERM", err)
 
 
 class Hostfile(unittest.TestCase):
