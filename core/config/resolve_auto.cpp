@@ -286,6 +286,12 @@ std::string fact_for(const std::string& path) {
 
 Config resolve_auto(const Config& config, const Facts& facts) { return Resolver(config, facts, true).run(); }
 
+Config resolve_for_engine(const Config& config, const Facts& facts) {
+  Config resolved = resolve_auto(config, facts);
+  refuse_unsupported(resolved);
+  return resolved;
+}
+
 Config resolve_known(const Config& config, const Facts& facts) { return Resolver(config, facts, false).run(); }
 
 std::vector<std::pair<std::string, std::string>> pending_auto(const Config& config) {

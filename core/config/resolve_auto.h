@@ -60,6 +60,10 @@ struct Facts {
 // arithmetic that does not agree. The result has no auto value left.
 Config resolve_auto(const Config& config, const Facts& facts);
 
+// What an engine calls before it touches anything: resolve_auto, then refuse_unsupported
+// (validate.h). The result is complete, valid, and asks for nothing tessera lacks.
+Config resolve_for_engine(const Config& config, const Facts& facts);
+
 // Resolves what the given facts allow and leaves the rest auto, marked in the provenance with the
 // fact each waits for (for `tessera config check`). Throws only for contradictions (batch sizes
 // that disagree).

@@ -123,3 +123,14 @@ TEST_CASE("a stage that arrives as a fact brings its dependent defaults", "[conf
   f.zero_stage = 3;
   CHECK(resolve_auto(c, f).zero_optimization.overlap_comm);  // DeepSpeed turns it on with stage 3
 }
+
+TEST_CASE("resolve_for_engine resolves, then refuses what tessera lacks", "[config][auto]") {
+  Facts f = world(2);
+  f.micro_batch_size = 1;
+  const Config ok = resolve_for_engine(load_json(R"({"train_micro_batch_size_per_gpu": "auto", "flops_profiler": {}})"), f);
+  CHECK(ok.train_batch_size.value == 2);
+  const Config lacking = load_json(R"({"train_micro_batch_size_per_gpu": 1, "communication_data_type": "bf16"})");
+  CHECK(lacking.unsupported.size() == 1);  // loading accepts it
+  const std::string e = config_error([&] { resolve_for_engine(lacking, f); });
+  CHECK_THAT(e, Catch::Contains("communication_data_type = \"bf16\": not yet supported"));
+}
