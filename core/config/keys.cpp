@@ -50,6 +50,7 @@ const KeyRule kRules[] = {
     {"", "prescale_gradients", U, "false", "pre-scaling gradients before reduction"},
     {"", "gradient_predivide_factor", U, "1.0", "gradient pre-division"},
     {"", "sparse_gradients", U, "false", "sparse gradient reduction"},
+    {"", "fp32_allreduce", U, "false", "fp32 gradient all-reduce of 16-bit gradients"},
     {"", "amp", U, "field:enabled", "NVIDIA Apex AMP"},
     {"", "data_types", U, "field:grad_accum_dtype", "a separate gradient-accumulation dtype"},
     {"", "sparse_attention", U, "", "sparse attention kernels"},

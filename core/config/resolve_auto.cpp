@@ -146,6 +146,10 @@ class Resolver {
         continue;
       }
       const std::int64_t h = *facts_.hidden_size;
+      if (h < 1 || h > 3'000'000'000) {
+        errors_.add(p + rule.key, 0, "the hidden size fact must be a positive size, got " + std::to_string(h));
+        continue;
+      }
       const std::string k = rule.key;
       std::int64_t v = 0;
       std::string note;
