@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "transport/detail/arrival_recorder.h"
 #include "transport/detail/backend.h"
 #include "transport/detail/sequencer.h"
 #include "transport/store.h"
@@ -46,7 +47,8 @@ struct CommInfo {
         std::string key = "arrived/" + std::to_string(r);
         uint64_t at = 0;
         if (store->check({key})) at = std::stoull(store->get_string(key, std::chrono::seconds(2)));
-        if (at < sequence) missing.push_back(member(r) + (at ? " (last at #" + std::to_string(at) + ")" : " (never)"));
+        if (at < sequence)
+          missing.push_back(member(r) + (at ? " (last seen waiting in #" + std::to_string(at) + ")" : ""));
       }
     } catch (const std::exception& e) {
       return "unknown (store unreachable: " + first_line(e.what()) + ")";
@@ -147,6 +149,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, std::unique_ptr<Backend
     : store_(std::move(store)),
       backend_(std::move(backend)),
       sequencer_(std::make_shared<Sequencer>()),
+      recorder_(std::make_shared<ArrivalRecorder>(store_, rank)),
       rank_(rank),
       size_(size),
       job_ranks_(std::move(job_ranks)),
@@ -204,10 +207,14 @@ std::shared_ptr<Work> Communicator::issue(const char* op, std::chrono::milliseco
   state->timeout = timeout.count() > 0 ? timeout : options_.timeout;
   auto info = make_info(store_, options_.name, backend_->name(), rank_, size_, job_ranks_);
   auto backend = backend_;
-  std::string arrived_key = "arrived/" + std::to_string(rank_);
-  sequencer_->issue(state, [info, backend, run = std::move(run), keep = std::move(keep), arrived_key,
+  auto recorder = recorder_;
+  sequencer_->issue(state, [info, backend, recorder, run = std::move(run), keep = std::move(keep),
                             op = std::string(op), t = state->timeout](uint64_t sequence) {
-    info->store->set(arrived_key, std::to_string(sequence));
+    recorder->begin(sequence, t);
+    struct End {
+      ArrivalRecorder& r;
+      ~End() { r.end(); }
+    } end{*recorder};
     try {
       run(*backend);
     } catch (const Error&) {

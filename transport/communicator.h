@@ -8,8 +8,9 @@
 // Cross-rank contract (DESIGN.md §2): every member must issue the same operations on a
 // communicator in the same order, with matching sizes and dtypes. Each communicator owns ONE
 // sequencer: calls from any thread or actor get the next sequence number when they are issued,
-// and run strictly in that order. Before running operation #n a rank records "arrived at #n" in the
-// store; when an operation does not finish within its timeout, `Work::wait` throws
+// and run strictly in that order. A rank that has been waiting in operation #n for a while
+// (min(1 s, timeout/4); fast operations cost nothing) records "waiting in #n" in the store; when
+// an operation does not finish within its timeout, `Work::wait` throws
 // tessera::TimeoutError naming the communicator, the operation, #n and the ranks that never
 // arrived — never a silent hang. After a timeout or a lost peer the communicator is broken: every
 // later operation fails at once with the first error.
@@ -45,6 +46,7 @@ namespace tessera::transport {
 class Store;
 class Backend;
 class Sequencer;
+class ArrivalRecorder;
 
 enum class ReduceOp { sum, avg, max };
 
@@ -129,6 +131,7 @@ class Communicator {
   std::shared_ptr<Store> store_;  // scoped to "comm/<name>/"
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<Sequencer> sequencer_;
+  std::shared_ptr<ArrivalRecorder> recorder_;
   int rank_;
   int size_;
   std::vector<int> job_ranks_;
