@@ -40,7 +40,10 @@ struct Engine::Impl {
   std::atomic<bool> armed{false};           // a backward through backward()/scale() is expected
   std::atomic<bool> unarmed_backward{false};  // a backward ran that the engine did not scale
   int64_t micro = 0, global = 0, skipped = 0;
-  int boundary_backwards = 0;  // backward() calls in the current boundary micro-step
+  int boundary_backwards = 0;  // reducing backwards in the current boundary micro-step
+  int no_sync_depth = 0;
+  bool coalescing = false;
+  std::atomic<bool> double_boundary_backward{false};  // a second unscoped backward at a boundary
   double last_grad_norm = -1;
   StepTiming timing;
 
@@ -54,19 +57,37 @@ struct Engine::Impl {
     if (v.beta2) hp.beta2 = *v.beta2;
     return hp;
   }
+  // Whether a backward now must reduce: at a boundary, outside no_sync and coalesce blocks.
+  bool reduces_now() const { return boundary() && no_sync_depth == 0 && !coalescing; }
+  void start_reduction() {
+    ++boundary_backwards;
+    if (shared->world > 1) {
+      reducing = true;
+      caf::anon_send(reducer, actors::begin_atom::value);
+    }
+  }
   // Called before every backward the engine knows of: checks, then arms the reduction.
   void arm_backward() {
-    const bool at_boundary = boundary();
-    if (at_boundary && boundary_backwards > 0)
+    const bool reduce = reduces_now();
+    if (reduce && boundary_backwards > 0)
       throw Error("backward: called twice in the micro-step that ends gradient accumulation (micro-step " +
-                  std::to_string(micro) + "); reduce once per boundary: call step() in between");
+                  std::to_string(micro) + "); reduce once per boundary: call step() in between, or wrap the "
+                  "backwards in coalesce_grad_reduction()");
     if (!shared->flat->gradients_attached())
       throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
-    const bool reduce = at_boundary && shared->world > 1;
-    reducing = reduce;
     armed = true;
-    if (reduce) caf::anon_send(reducer, actors::begin_atom::value);
-    if (at_boundary) ++boundary_backwards;
+    if (reduce) start_reduction();
+  }
+  // A backward the engine was not told of (loss.backward() on a joint loss): armed from the
+  // first gradient hook, on autograd's thread; problems are reported by the next step().
+  void arm_from_hook() {
+    unarmed_backward = true;
+    if (!reduces_now()) return;
+    if (boundary_backwards > 0) {
+      double_boundary_backward = true;
+      return;
+    }
+    start_reduction();
   }
   ~Impl() {
     hooks.reset();  // disarm before the actors go
@@ -154,7 +175,7 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   impl->hooks = std::make_unique<zero::GradReadyHooks>(
       shared->flat->parameters(),
       [raw, reducer](int64_t i) {
-        if (!raw->armed.load()) raw->unarmed_backward = true;
+        if (!raw->armed.exchange(true)) raw->arm_from_hook();
         if (raw->reducing.load()) caf::anon_send(reducer, actors::ready_atom::value, i);
       },
       [raw, reducer] {
@@ -192,6 +213,12 @@ void Engine::step() {
     ++s.micro;
     return;
   }
+  if (s.no_sync_depth > 0 || s.coalescing)
+    throw Error(std::string("step: called inside ") + (s.coalescing ? "coalesce_grad_reduction()" : "no_sync()") +
+                "; end the block first");
+  if (s.double_boundary_backward)
+    throw Error("step: two backwards ran in the micro-step that ends gradient accumulation; wrap them in "
+                "coalesce_grad_reduction() (call zero_grad() and redo the micro-step)");
   if (s.scaler && s.unarmed_backward)
     throw Error("step: a backward ran on a loss the engine did not scale (fp16 needs engine.backward(loss) or "
                 "engine.scale(loss).backward()); the gradients are wrong by the loss scale " +
@@ -223,6 +250,7 @@ void Engine::step() {
                    update.describe().c_str(), static_cast<long long>(s.skipped));
   }
   s.unarmed_backward = false;
+  s.double_boundary_backward = false;
   ++s.global;
   ++s.micro;
   s.boundary_backwards = 0;
@@ -230,8 +258,42 @@ void Engine::step() {
 }
 
 void Engine::zero_grad() {
+  auto& s = *impl_;
+  if (s.boundary_backwards > 0 && s.shared->world > 1) {
+    // Reductions of this micro-step may still be writing into the gradients: finish them first.
+    caf::scoped_actor self{actors::actor_system()};
+    actors::WorkList issued;
+    self->request(s.reducer, std::chrono::milliseconds(s.settings.collective_timeout_ms), actors::collect_atom::value)
+        .receive([&](actors::WorkList& w) { issued = std::move(w); }, [&](caf::error&) {});
+    for (auto& work : issued.works) work->wait();
+  }
   impl_->shared->flat->zero_grad();
   impl_->unarmed_backward = false;
+  impl_->double_boundary_backward = false;
+  impl_->boundary_backwards = 0;
+}
+
+Engine::Scope Engine::no_sync() {
+  auto* s = impl_.get();
+  if (s->coalescing) throw Error("no_sync: cannot be used inside coalesce_grad_reduction()");
+  ++s->no_sync_depth;
+  return Scope([s] { --s->no_sync_depth; });
+}
+
+Engine::Scope Engine::coalesce_grad_reduction() {
+  auto* s = impl_.get();
+  if (s->no_sync_depth > 0) throw Error("coalesce_grad_reduction: cannot be nested inside no_sync()");
+  if (s->coalescing) throw Error("coalesce_grad_reduction: already inside a coalesce_grad_reduction() block");
+  s->coalescing = true;
+  return Scope([s] {
+    s->coalescing = false;
+    // One pass over the accumulated gradients: every bucket, in order, once.
+    if (s->reduces_now() && s->boundary_backwards == 0) {
+      s->start_reduction();
+      if (s->shared->world > 1) caf::anon_send(s->reducer, actors::flush_atom::value);
+      s->reducing = false;
+    }
+  });
 }
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->boundary(); }
 double Engine::get_lr() const { return impl_->hyperparameters(impl_->global).lr; }

@@ -14,7 +14,8 @@
 // reductions, clip, update this rank's partition and have the parameter-shard all-gather it.
 //
 // Gradients are accumulated locally over the micro-steps of one batch and reduced once, in the
-// backward of the boundary micro-step. In fp32 at 2 ranks the result equals a single-process
+// backward of the boundary micro-step. A plain loss.backward() outside the engine (a joint loss
+// over several engines) is recognised by the hooks and reduced the same way. In fp32 at 2 ranks the result equals a single-process
 // LibTorch run that averages the ranks' gradients bit for bit (tests/engine checks it).
 //
 // Precision: fp32; bf16 with fp32 master weights (or bf16 master with bf16.bf16_master_weights_
@@ -29,6 +30,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "core/config/config.h"
@@ -61,6 +63,21 @@ struct InitializeOptions {
 
 class Engine {
  public:
+  // Ends a no_sync() or coalesce_grad_reduction() block when it goes out of scope.
+  class Scope {
+   public:
+    Scope(Scope&& other) noexcept : on_exit_(std::move(other.on_exit_)) { other.on_exit_ = nullptr; }
+    Scope& operator=(Scope&&) = delete;
+    ~Scope() {
+      if (on_exit_) on_exit_();
+    }
+
+   private:
+    friend class Engine;
+    explicit Scope(std::function<void()> on_exit) : on_exit_(std::move(on_exit)) {}
+    std::function<void()> on_exit_;
+  };
+
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -77,6 +94,16 @@ class Engine {
   // loss scale), for a manual scale(loss).backward(); it also arms the reduction of that
   // backward. With fp16, a manual backward of an unscaled loss makes the next step() throw.
   at::Tensor scale(const at::Tensor& loss);
+
+  // Inside the block, backward() accumulates gradients locally and reduces nothing, whatever the
+  // accumulation boundary; the first backward at a boundary after it reduces everything
+  // accumulated. step() inside raises. DeepSpeed forbids no_sync at ZeRO-2/3; tessera allows it
+  // (it keeps full local gradients until the boundary at every stage).
+  [[nodiscard]] Scope no_sync();
+  // Several backward() (or scale(loss).backward()) calls whose gradients are reduced once, when
+  // the block ends at an accumulation boundary. step() inside raises; nesting it in no_sync or in
+  // itself raises. DeepSpeed refuses stage 0 and its bf16/fp16 wrappers here; tessera allows them.
+  [[nodiscard]] Scope coalesce_grad_reduction();
 
   bool is_gradient_accumulation_boundary() const;
   double get_lr() const;              // the lr the next update uses
