@@ -1,7 +1,8 @@
 // The remote affine executor between two separately launched jobs (two_jobs.py): a source job of
-// S ranks and a target job of T ranks move three tensors, with row -> column resharding, replicated
-// sources (replica choice) and ZeRO-3 partitions (padding), into NaN-filled (0xFF) targets; every
-// target element must equal the closed-form oracle bitwise and padding must stay untouched. Then a
+// S ranks and a target job of T ranks move four tensors (row -> column resharding, replicated
+// sources: replica choice, ZeRO-3 partitions: padding, column-major sources: staged rows) into
+// NaN-filled (0xFF) targets; every target element must equal the closed-form oracle bitwise and
+// padding must stay untouched. Then a
 // batch the target job plans differently, and one whose targets overlap, must be refused on
 // every process with no byte moved.
 #include <catch2/catch.hpp>
@@ -75,7 +76,12 @@ struct Tensor {
 affine::TensorMap source_map(int tid, const affine::TensorInfo& info, int S) {
   if (tid == 0) return affine::contiguous_split(info, 0, affine::even_split_sizes(info.shape[0], S));
   if (tid == 1) return affine::replicated(info, S);
-  return affine::zero3_partition(info, S);
+  if (tid == 2) return affine::zero3_partition(info, S);
+  // Column-major copies on every source rank: rows are strided at the source (staged path).
+  auto map = affine::replicated(info, S);
+  for (auto& [rank, storage] : map.ranks)
+    for (auto& piece : storage.pieces) piece.strides = Dims{1, info.shape[0]};
+  return map;
 }
 
 affine::TensorMap target_map(int tid, const affine::TensorInfo& info, int T, bool disagree) {
@@ -88,7 +94,8 @@ affine::TensorMap target_map(int tid, const affine::TensorInfo& info, int T, boo
     return affine::contiguous_split(info, 1, sizes);
   }
   if (tid == 1) return affine::zero3_partition(info, T);
-  return affine::replicated(info, T);
+  if (tid == 2) return affine::replicated(info, T);
+  return affine::contiguous_split(info, 0, affine::even_split_sizes(info.shape[0], T));
 }
 
 }  // namespace
@@ -107,7 +114,7 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
   INFO(job << " rank " << rank << ": " << S << " source ranks -> " << T << " target ranks");
 
   const std::vector<affine::TensorInfo> infos{{"w", DType::f32, {12, 10}}, {"b", DType::f32, {7}},
-                                              {"e", DType::bf16, {5, 6}}};
+                                              {"e", DType::bf16, {5, 6}}, {"t", DType::f32, {6, 5}}};
   RemoteExecutor executor(peers, "weights");
   for (int round : {0, 1, 2}) {
     const bool disagree = round == 1, overlap = round == 2;
@@ -173,6 +180,7 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
     auto stats = executor.execute(batch);
     if (is_source) {
       CHECK(stats.bytes_sent > 0);
+      if (rank == 0) CHECK(stats.bytes_staged == 6 * 5 * 4);  // tensor "t" comes from its lowest replica
       CHECK(stats.useful_bytes == 0);
     } else {
       int64_t expected_useful = 0;

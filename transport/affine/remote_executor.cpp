@@ -43,17 +43,19 @@ int64_t last_address(int64_t offset, const affine::Dims& strides, const affine::
   return a;
 }
 
-// Calls f(source_address, target_address, elements) for every run of a segment: whole innermost
-// rows when that axis is contiguous on both sides, single elements otherwise.
+// Calls f(source_address, target_address, elements, source_step) for every run of a segment: a
+// run is a whole innermost row when that axis is contiguous at the target (source_step is the
+// source stride along it: 1 = contiguous at both ends), a single element otherwise.
 template <class F>
 void for_each_run(const Segment& s, F&& f) {
   const int nd = s.shape.size();
   if (s.elements() == 0) return;
-  if (nd == 0) return f(s.source_offset, s.target_offset, int64_t{1});
+  if (nd == 0) return f(s.source_offset, s.target_offset, int64_t{1}, int64_t{1});
   const int inner = nd - 1;
-  const bool rows = s.source_strides[inner] == 1 && s.target_strides[inner] == 1;
+  const bool rows = s.target_strides[inner] == 1;
   const int outer_axes = rows ? inner : nd;
   const int64_t run = rows ? s.shape[inner] : 1;
+  const int64_t step = rows ? s.source_strides[inner] : 1;
   std::vector<int64_t> index(outer_axes, 0);
   for (;;) {
     int64_t src = s.source_offset, dst = s.target_offset;
@@ -61,11 +63,17 @@ void for_each_run(const Segment& s, F&& f) {
       src += index[k] * s.source_strides[k];
       dst += index[k] * s.target_strides[k];
     }
-    f(src, dst, run);
+    f(src, dst, run, step);
     int k = outer_axes - 1;
     while (k >= 0 && ++index[k] == s.shape[k]) index[k--] = 0;
     if (k < 0) return;
   }
+}
+
+// Copies n elements of es bytes, `step` elements apart at the source, to consecutive ones.
+void gather_elements(char* dst, const char* src, int64_t n, int64_t step, int64_t es) {
+  if (step == 1) return void(std::memcpy(dst, src, static_cast<size_t>(n * es)));
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * es, src + i * step * es, static_cast<size_t>(es));
 }
 
 }  // namespace
@@ -162,8 +170,9 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
         if (!src_mine && !dst_mine) continue;
         const auto src_base = src_mine ? reinterpret_cast<uintptr_t>(t.source_buffers.at(s.source_rank).data) : 0;
         const auto dst_base = dst_mine ? reinterpret_cast<uintptr_t>(t.target_buffers.at(s.target_rank).data) : 0;
-        for_each_run(s, [&](int64_t src, int64_t dst, int64_t n) {
-          if (src_mine) source_runs.emplace_back(src_base + src * es, src_base + (src + n) * es);
+        for_each_run(s, [&](int64_t src, int64_t dst, int64_t n, int64_t step) {
+          // (a strided source row is checked by the interval it spans: conservative)
+          if (src_mine) source_runs.emplace_back(src_base + src * es, src_base + (src + (n - 1) * step + 1) * es);
           if (dst_mine) target_runs.emplace_back(dst_base + dst * es, dst_base + (dst + n) * es);
         });
         if (target_runs.size() + source_runs.size() > (size_t{1} << 26)) {
@@ -292,11 +301,14 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   std::set<UcxEndpoint*> round_endpoints;
   int64_t in_flight = 0;
   int64_t copied_into_me = 0;
+  std::vector<char> staging;  // packed rows strided at the source; reusable after a flush
+  int64_t staging_used = 0;
   auto end_round = [&] {
     for (auto* ep : round_endpoints) ep->flush(options_.timeout);
     round_endpoints.clear();
     if (in_flight > 0) ++stats.rounds;
     in_flight = 0;
+    staging_used = 0;
   };
   for (size_t ti = 0; ti < batch.size(); ++ti) {
     const auto& t = batch[ti];
@@ -309,8 +321,8 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
       auto* src_base = static_cast<const char*>(t.source_buffers.at(s.source_rank).data);
       if (target == me) {
         auto* dst_base = static_cast<char*>(t.target_buffers.at(s.target_rank).data);
-        for_each_run(s, [&](int64_t src, int64_t dst, int64_t n) {
-          std::memcpy(dst_base + dst * es, src_base + src * es, static_cast<size_t>(n * es));
+        for_each_run(s, [&](int64_t src, int64_t dst, int64_t n, int64_t step) {
+          gather_elements(dst_base + dst * es, src_base + src * es, n, step, es);
         });
         stats.bytes_copied_locally += s.elements() * es;
         copied_into_me += s.elements() * es;
@@ -323,16 +335,34 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
         std::memcpy(&key.offset, value.data(), 8);
         key.rkey = std::make_unique<UcxRemoteKey>(ep, std::vector<uint8_t>(value.begin() + 8, value.end()));
       }
-      for_each_run(s, [&](int64_t src, int64_t dst, int64_t n) {
-        const int64_t bytes = n * es;
-        ep.put_nowait(src_base + src * es, static_cast<size_t>(bytes), *key.rkey,
-                      static_cast<size_t>(key.offset + dst * es), options_.timeout);
-        ++stats.puts;
-        stats.bytes_sent += bytes;
-        sent_to[target] += static_cast<uint64_t>(bytes);
-        in_flight += bytes;
-        round_endpoints.insert(&ep);
-        if (in_flight >= options_.staging_bytes) end_round();
+      for_each_run(s, [&](int64_t src, int64_t dst, int64_t n, int64_t step) {
+        // A row strided at the source is packed into the staging buffer and put from there;
+        // contiguous rows go straight from the source buffer (no staging copy).
+        int64_t done = 0;
+        while (done < n) {
+          int64_t count = n - done;
+          const char* from = src_base + (src + done * step) * es;
+          if (step != 1) {
+            if (staging.empty()) staging.resize(static_cast<size_t>(std::max<int64_t>(options_.staging_bytes, es)));
+            count = std::min<int64_t>(count, static_cast<int64_t>(staging.size()) / es);
+            if (staging_used + count * es > static_cast<int64_t>(staging.size())) end_round();
+            char* packed = staging.data() + staging_used;
+            gather_elements(packed, from, count, step, es);
+            staging_used += count * es;
+            stats.bytes_staged += count * es;
+            from = packed;
+          }
+          const int64_t bytes = count * es;
+          ep.put_nowait(from, static_cast<size_t>(bytes), *key.rkey,
+                        static_cast<size_t>(key.offset + (dst + done) * es), options_.timeout);
+          ++stats.puts;
+          stats.bytes_sent += bytes;
+          sent_to[target] += static_cast<uint64_t>(bytes);
+          in_flight += bytes;
+          round_endpoints.insert(&ep);
+          if (in_flight >= options_.staging_bytes) end_round();
+          done += count;
+        }
       });
     }
   }

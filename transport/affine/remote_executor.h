@@ -13,10 +13,12 @@
 //      reject or one differing digest makes EVERY process throw the same
 //      affine::TransferRefusedError (built from the same votes), with no byte moved.
 //   3. Move: target buffers are registered with UCX (once per buffer; cached) and their keys
-//      published; each source process puts every contiguous run of its segments straight into the
-//      target buffer (one-sided, no staging copy; runs strided on the innermost axis go element by
-//      element); runs whose target is in the same process are memcpy'd. At most `staging_bytes`
-//      are in flight per process: a round ends with a flush of every endpoint it used.
+//      published; each source process puts every innermost row of its segments straight into the
+//      target buffer (one-sided, no staging copy when the row is contiguous at both ends; a row
+//      strided at the source is packed into a staging buffer of at most `staging_bytes` first; a
+//      row strided at the target goes element by element); rows whose target is in the same
+//      process are copied directly. At most `staging_bytes` are in flight per process: a round
+//      ends with a flush of every endpoint it used (then the staging buffer is reused).
 //   4. Finish: each source process tells each target process how many bytes it put there; a
 //      target returns when every source has (its worker progresses meanwhile, as emulated RMA
 //      on one machine needs).
@@ -79,6 +81,7 @@ struct RemoteTransferStats {
   int64_t bytes_sent = 0;            // put into other processes
   int64_t bytes_received = 0;        // put into this process's targets by others
   int64_t bytes_copied_locally = 0;  // source and target in this process
+  int64_t bytes_staged = 0;          // packed into staging first (rows strided at the source)
   int64_t useful_bytes = 0;          // bytes of this process's target elements (each once)
   // (bytes_received + bytes copied into this process's targets) / useful_bytes; 1.0 when no
   // target element arrives twice; 0 when this process holds no target.
