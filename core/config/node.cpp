@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 namespace tessera::config {
 
@@ -79,6 +81,8 @@ void append_json(std::string& out, const Node& n) {
         }
       }
       out += buf;
+      // Keep a float a float when read back: 1.0, not 1 (nan/inf have no JSON spelling anyway).
+      if (std::isfinite(n.floating) && std::string_view(buf).find_first_of(".eE") == std::string_view::npos) out += ".0";
       break;
     }
     case Node::Kind::string: append_quoted(out, n.string); break;

@@ -1,10 +1,10 @@
-// Node -> text for both syntaxes, and Config -> text through the encoder.
+// Node -> text for both syntaxes (no parser library needed), and Config -> text through the encoder.
 #include "core/config/write.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <nlohmann/json.hpp>
+#include <algorithm>
 
 #include "core/config/detail/encode.h"
 #include "core/config/node.h"
@@ -27,9 +27,7 @@ std::string toml_value(const Node& n) {
     case Node::Kind::floating: {
       if (std::isnan(n.floating)) return "nan";
       if (std::isinf(n.floating)) return n.floating > 0 ? "inf" : "-inf";
-      std::string text = to_json_text(n);
-      if (text.find_first_of(".eE") == std::string::npos) text += ".0";
-      return text;
+      return to_json_text(n);  // always with a '.' or an exponent
     }
     case Node::Kind::array: {
       std::string out = "[";
@@ -77,25 +75,34 @@ void emit_table(std::string& out, const Node& table, const std::string& header) 
   }
 }
 
-nlohmann::ordered_json to_nlohmann(const Node& n) {
-  switch (n.kind) {
-    case Node::Kind::null: return nullptr;
-    case Node::Kind::boolean: return n.boolean;
-    case Node::Kind::integer: return n.integer;
-    case Node::Kind::floating: return n.floating;
-    case Node::Kind::string: return n.string;
-    case Node::Kind::array: {
-      nlohmann::ordered_json a = nlohmann::ordered_json::array();
-      for (const Node& item : n.items) a.push_back(to_nlohmann(item));
-      return a;
+// Tables one key per line, indented by 2; lists of scalars on one line, as people write them.
+void emit_json_value(std::string& out, const Node& n, int indent) {
+  // Inline: scalars, and lists of scalars (a shape such as [[4096, 1024, 1024], -1]).
+  const auto is_scalar = [](const Node& item) {
+    if (item.is_table()) return false;
+    if (item.kind != Node::Kind::array) return true;
+    return std::none_of(item.items.begin(), item.items.end(),
+                        [](const Node& x) { return x.is_table() || x.kind == Node::Kind::array; });
+  };
+  if (n.is_table() && !n.fields.empty()) {
+    out += "{\n";
+    for (std::size_t i = 0; i < n.fields.size(); ++i) {
+      out += std::string(indent + 2, ' ') + to_json_text(Node::of(n.fields[i].first)) + ": ";
+      emit_json_value(out, n.fields[i].second, indent + 2);
+      out += i + 1 < n.fields.size() ? ",\n" : "\n";
     }
-    case Node::Kind::table: {
-      nlohmann::ordered_json o = nlohmann::ordered_json::object();
-      for (const auto& [key, value] : n.fields) o[key] = to_nlohmann(value);
-      return o;
+    out += std::string(indent, ' ') + "}";
+  } else if (n.kind == Node::Kind::array && !std::all_of(n.items.begin(), n.items.end(), is_scalar)) {
+    out += "[\n";
+    for (std::size_t i = 0; i < n.items.size(); ++i) {
+      out += std::string(indent + 2, ' ');
+      emit_json_value(out, n.items[i], indent + 2);
+      out += i + 1 < n.items.size() ? ",\n" : "\n";
     }
+    out += std::string(indent, ' ') + "]";
+  } else {
+    out += to_json_text(n);
   }
-  return nullptr;
 }
 
 bool same_value(const Node& a, const Node& b) { return to_json_text(a) == to_json_text(b); }
@@ -109,6 +116,16 @@ bool prune(Node& node, const Node& defaults, const std::string& path, const Conf
     const Node* fallback = defaults.find(it->first);
     const bool given = config.provenance.get(key_path).origin == Origin::given || config.passthrough.count(key_path);
     bool drop = false;
+    if (it->second.kind == Node::Kind::array) {
+      // Layer specs: leave out their empty lists (no shape, every model type).
+      for (Node& item : it->second.items) {
+        if (!item.is_table()) continue;
+        auto& f = item.fields;
+        f.erase(std::remove_if(f.begin(), f.end(),
+                               [](const auto& kv) { return kv.second.kind == Node::Kind::array && kv.second.items.empty(); }),
+                f.end());
+      }
+    }
     if (!given && fallback != nullptr) {
       if (it->second.is_table() && fallback->is_table()) {
         drop = prune(it->second, *fallback, key_path, config);
@@ -139,7 +156,11 @@ std::string emit_toml(const Node& root) {
   return out;
 }
 
-std::string emit_json(const Node& root) { return to_nlohmann(root).dump(2) + "\n"; }
+std::string emit_json(const Node& root) {
+  std::string out;
+  emit_json_value(out, root, 0);
+  return out + "\n";
+}
 
 std::string to_toml(const Config& config, const WriteOptions& options) {
   return "# tessera configuration" + (config.source.empty() ? std::string() : " converted from " + config.source) +
