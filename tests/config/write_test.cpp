@@ -92,3 +92,12 @@ TEST_CASE("equality compares settings, not bookkeeping", "[config][write]") {
   b.zero_optimization.reduce_bucket_size = Auto<std::int64_t>::automatic();
   CHECK(a != b);
 }
+
+TEST_CASE("awkward strings and keys survive both syntaxes", "[config][write]") {
+  const Config c = load_json(R"({"wandb": {"project": "a \"quoted\" name\\with\tbackslash", "odd.key": 1, "über": "ß"},
+      "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/mnt/nvme disk/ü"}},
+      "torch_autocast": {"lower_precision_safe_modules": []}, "gradient_clipping": 1.0, "fp16": {"min_loss_scale": 1e-05}})");
+  CHECK(load_config_text(to_toml(c), Format::toml) == c);
+  CHECK(load_config_text(to_json(c), Format::json) == c);
+  CHECK_THAT(to_json(c), Catch::Contains("\"gradient_clipping\": 1.0"));
+}

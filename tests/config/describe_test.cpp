@@ -1,0 +1,34 @@
+// describe(): one line per value with its provenance, as `tessera config check` prints it.
+#include <catch2/catch.hpp>
+
+#include "core/config/describe.h"
+#include "core/config/resolve_auto.h"
+#include "tests/config/test_util.h"
+
+using namespace tessera::config;
+using tessera::config::test::load_json;
+
+TEST_CASE("describe marks given, default, derived, auto, ignored and unsupported values", "[config][describe]") {
+  const Config c = load_json(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto",
+      "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "zero_quantized_weights": true},
+      "wandb": {"enabled": false}, "sparse_gradients": true})");
+  Facts f;
+  f.world_size = 2, f.hidden_size = 8, f.gradient_accumulation_steps = 3;
+  const std::string before = describe(c);
+  CHECK_THAT(before, Catch::Contains("train_micro_batch_size_per_gpu = 4"));
+  CHECK_THAT(before, Catch::Contains("# given"));
+  CHECK_THAT(before, Catch::Contains("zero_optimization.reduce_bucket_size = \"auto\""));
+  CHECK_THAT(before, Catch::Contains("# auto: waits for the model's hidden size (--hidden-size)"));
+  CHECK_THAT(before, Catch::Contains("zero_optimization.overlap_comm = true"));
+  CHECK_THAT(before, Catch::Contains("# default: true with stage 3"));
+  CHECK_THAT(before, Catch::Contains("wandb = {\"enabled\": false}"));
+  CHECK_THAT(before, Catch::Contains("# ignored"));
+  CHECK_THAT(before, Catch::Contains("sparse_gradients = true"));
+  CHECK_THAT(before, Catch::Contains("# not yet supported"));
+  CHECK_THAT(before, Catch::Contains("# given; not yet supported"));  // zero_quantized_weights
+  const std::string after = describe(resolve_known(c, f));
+  CHECK_THAT(after, Catch::Contains("zero_optimization.reduce_bucket_size = 64"));
+  CHECK_THAT(after, Catch::Contains("# derived: hidden size 8 squared"));
+  CHECK_THAT(after, Catch::Contains("train_batch_size = 24"));  // 4 x 3 x 2
+  CHECK_THAT(after, Catch::Contains("# derived: 4 x 3 x 2"));
+}
