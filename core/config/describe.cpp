@@ -38,6 +38,13 @@ void walk(const Config& config, const Node& node, const std::string& path, std::
 std::string describe(const Config& config) {
   std::vector<Line> lines;
   walk(config, detail::encode(config), "", lines);
+  // Values the file left out that are derived once a fact is known (batch sizes without a world size).
+  for (const auto& [path, mark] : config.provenance.all()) {
+    if (mark.origin != Origin::pending_auto) continue;
+    const std::string prefix = path + " = ";
+    const bool printed = std::any_of(lines.begin(), lines.end(), [&](const Line& l) { return l.assignment.rfind(prefix, 0) == 0; });
+    if (!printed) lines.push_back(Line{path + " = (not known yet)", "derived later: waits for " + mark.note});
+  }
   std::size_t width = 0;
   for (const Line& line : lines) width = std::max(width, std::min<std::size_t>(line.assignment.size(), 60));
   std::string out;

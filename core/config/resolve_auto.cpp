@@ -74,9 +74,14 @@ class Resolver {
                                                                                     : "offload-param-nvme-path") + ")");
   }
 
-  void missing(const std::string& path, const std::string& fact) {
-    c_.provenance.set(path, Origin::pending_auto, fact);
-    if (strict_) errors_.add(path, 0, "\"auto\" cannot be resolved: it needs " + fact);
+  // Records that `path` waits for `fact`; with strict_, that is an error. `is_auto` tells an
+  // "auto" value from one the file left out, which is derived once the fact is known.
+  void missing(const std::string& path, const std::string& fact, bool is_auto = true) {
+    const int line = c_.provenance.get(path).line;
+    c_.provenance.set(path, Origin::pending_auto, fact, line);
+    if (strict_) {
+      errors_.add(path, line, (is_auto ? "\"auto\" cannot be resolved: it needs " : "cannot be derived: it needs ") + fact);
+    }
   }
 
   // fp16/bf16 "auto" follow the mixed precision mode. Like Accelerate, the mode also turns on a
@@ -189,9 +194,8 @@ class Resolver {
 
     if (!facts_.world_size) {
       // Nothing can be derived or checked without the data-parallel size.
-      const std::string wait = std::string("micro x accumulation x data-parallel size; waits for ") + kWorld;
-      if (!known(T)) missing(kT, wait);
-      if (!known(m)) missing(kM, m.is_auto ? kMicro : "train_batch_size / (accumulation x dp); waits for " + std::string(kWorld));
+      if (!known(T)) missing(kT, kWorld, T.is_auto);
+      if (!known(m)) missing(kM, m.is_auto || absent(T) ? kMicro : kWorld, m.is_auto);
       if (!known(g) && g.is_auto) missing(kG, fact_for(kG));
       return;
     }
@@ -236,17 +240,10 @@ class Resolver {
       set(g, kG, 1, "1 (DeepSpeed's default when only train_micro_batch_size_per_gpu is given)");
       set(T, kT, m.value * dp, std::to_string(m.value) + " x 1 x " + std::to_string(dp) + " (micro x accumulation x " + dp_words + ")");
     } else {
+      // Two of the three are unknown: the per-device batch size (or the accumulation steps) must come as facts.
       if (g.is_auto && !known(g)) missing(kG, fact_for(kG));
-      if (!known(m)) {
-        if (m.is_auto || absent(T)) {
-          missing(kM, kMicro);
-        }
-      }
-      if (!known(T) && !T.is_auto && absent(m) && !m.is_auto && strict_) {
-        errors_.add(kT, 0, "train_batch_size or train_micro_batch_size_per_gpu must be given (or the fact " +
-                               std::string(kMicro) + ")");
-      }
-      if (!known(T)) missing(kT, std::string("micro x accumulation x data-parallel size; waits for ") + kMicro);
+      if (!known(m)) missing(kM, kMicro, m.is_auto);
+      if (!known(T)) missing(kT, kMicro, T.is_auto);
     }
   }
 

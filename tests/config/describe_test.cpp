@@ -26,6 +26,9 @@ TEST_CASE("describe marks given, default, derived, auto, ignored and unsupported
   CHECK_THAT(before, Catch::Contains("sparse_gradients = true"));
   CHECK_THAT(before, Catch::Contains("# not yet supported"));
   CHECK_THAT(before, Catch::Contains("# given; not yet supported"));  // zero_quantized_weights
+  const std::string waiting = describe(resolve_known(c, Facts{}));  // what `tessera config check` prints
+  CHECK_THAT(waiting, Catch::Contains("train_batch_size = (not known yet)"));
+  CHECK_THAT(waiting, Catch::Contains("# derived later: waits for the world size (--world-size)"));
   const std::string after = describe(resolve_known(c, f));
   CHECK_THAT(after, Catch::Contains("zero_optimization.reduce_bucket_size = 64"));
   CHECK_THAT(after, Catch::Contains("# derived: hidden size 8 squared"));

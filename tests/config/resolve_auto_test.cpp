@@ -101,10 +101,23 @@ TEST_CASE("resolve_known leaves what it cannot resolve, marked with the fact", "
   CHECK(has("optimizer.params.lr", "--lr"));
   CHECK(has("train_micro_batch_size_per_gpu", "--micro-batch"));
   CHECK(has("train_batch_size", "--world-size"));
+  CHECK(has("train_micro_batch_size_per_gpu", "--micro-batch"));
   // resolve_auto names every one of them in one error.
   const std::string e = config_error([&] { resolve_auto(c, f); });
   CHECK_THAT(e, Catch::Contains("optimizer.params.lr: \"auto\" cannot be resolved: it needs the learning rate (--lr)"));
-  CHECK_THAT(e, Catch::Contains("train_micro_batch_size_per_gpu"));
+  CHECK_THAT(e, Catch::Contains("train_micro_batch_size_per_gpu: \"auto\" cannot be resolved: it needs the per-device batch size"));
+}
+
+TEST_CASE("values the file leaves out wait for facts too, and say so", "[config][auto]") {
+  const Config c = tessera::config::test::load_toml("train_batch_size = 64\n[zero_optimization]\nstage = 1\n", "batch.toml");
+  const std::string e = config_error([&] { resolve_auto(c, Facts{}); });
+  CHECK_THAT(e, Catch::Contains("batch.toml: train_micro_batch_size_per_gpu: cannot be derived: it needs the world size (--world-size)"));
+  const Config none = tessera::config::test::load_toml("[zero_optimization]\nstage = 1\n", "none.toml");
+  const std::string e2 = config_error([&] { resolve_auto(none, world(4)); });
+  CHECK_THAT(e2, Catch::Contains("none.toml: train_micro_batch_size_per_gpu: cannot be derived: it needs the per-device batch size (--micro-batch)"));
+  const Config autos = tessera::config::test::load_toml("train_batch_size = \"auto\"\n", "auto.toml");
+  const std::string e3 = config_error([&] { resolve_auto(autos, Facts{}); });
+  CHECK_THAT(e3, Catch::Contains("auto.toml:1: train_batch_size: \"auto\" cannot be resolved: it needs the world size (--world-size)"));
 }
 
 TEST_CASE("resolving is idempotent and leaves the input as it was", "[config][auto]") {
