@@ -2,7 +2,7 @@
 //
 // TOML and JSON files are both parsed into this one tree, so that decoding, key checking,
 // validation and writing exist once, not once per syntax: toml++ and nlohmann_json are used only
-// in load.cpp (text -> Node) and write.cpp (Node -> text), and never appear in public headers.
+// in load.cpp (text -> Node); write.cpp spells both syntaxes itself. No public header includes them.
 //
 // Invariants: a table keeps its keys in file order (so a written file reads like its source);
 // `line` is the 1-based line of the value (for a table entry, of its key); 0 = made in memory.

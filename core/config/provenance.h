@@ -11,7 +11,7 @@
 //   train_batch_size                    derived  "4 x 2 x 8 (micro x accumulation x data-parallel size)"
 //   zero_optimization.reduce_bucket_size derived "hidden size 1024 squared"
 //   zero_optimization.sub_group_size    default
-// and before resolving, reduce_bucket_size is  auto  "waits for the hidden size (--hidden-size)".
+// and before resolving, reduce_bucket_size is  auto  "the model's hidden size (--hidden-size)".
 #pragma once
 
 #include <map>

@@ -6,7 +6,7 @@
 // problem found is reported in one ConfigError, one line each: FILE[:LINE]: KEY.PATH: message.
 //
 // Example: {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}} fails with
-//   ds.json: zero_optimization.offload_param.device: "cpu" needs ZeRO stage 3 (parameters are
+//   ds.json:1: zero_optimization.offload_param.device: "cpu" needs ZeRO stage 3 (parameters are
 //   partitioned only in stage 3), but zero_optimization.stage is 2
 //
 // Validation also lists in Config::unsupported the modelled settings whose feature tessera does
