@@ -17,6 +17,7 @@
 #include "actors/optimizer_shard.h"
 #include "actors/parameter_shard.h"
 #include "actors/protocol.h"
+#include "actors/storage_description.h"
 #include "core/config/validate.h"
 #include "core/error.h"
 #include "core/optim/loss_scaler.h"
@@ -36,6 +37,7 @@ struct Engine::Impl {
   std::optional<optim::LrSchedule> schedule;
   caf::actor reducer, parameter_shard, optimizer_shard;
   std::optional<optim::LossScaler> scaler;  // fp16
+  std::shared_ptr<optim::FlatOptimizer> optimizer;  // owned by the optimizer shard; read between steps
   std::atomic<bool> reducing{false};        // this backward's gradients go to the reducer
   std::atomic<bool> armed{false};           // a backward through backward()/scale() is expected
   std::atomic<bool> unarmed_backward{false};  // a backward ran that the engine did not scale
@@ -116,7 +118,7 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   auto resolved = config::resolve_auto(config, facts);
   config::refuse_unsupported(resolved);
   auto settings = actors::engine_settings(resolved);
-  auto optimizer = optim::make_flat_optimizer(settings.optimizer);
+  std::shared_ptr<optim::FlatOptimizer> optimizer = optim::make_flat_optimizer(settings.optimizer);
   std::vector<std::pair<std::string, at::Tensor>> trainable;
   for (auto& item : model->named_parameters())
     if (item.value().requires_grad()) trainable.emplace_back(item.key(), item.value());
@@ -160,6 +162,13 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   // DeepSpeed aligns partitions to 2 elements; stage 0 keeps one "partition" holding everything.
   shared->flat = std::make_unique<zero::FlatParameters>(trainable, settings.stage >= 1 ? size : 1,
                                                         settings.stage >= 1 ? 2 : 1, dtype);
+  shared->alignment = settings.stage >= 1 ? 2 : 1;
+  for (const auto& [name, p] : trainable) {
+    shared->names.push_back(name);
+    shared->shapes.push_back(p.sizes().vec());
+  }
+  if (shared->fp32_master)
+    shared->master = shared->flat->partition(settings.stage >= 1 ? rank : 0).to(at::kFloat);
   shared->plan = zero::make_bucket_plan(
       shared->flat->layout(),
       settings.stage == 2 ? zero::BucketShape::reduce_scatter : zero::BucketShape::all_reduce,
@@ -168,8 +177,9 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   auto& system = actors::actor_system();
   impl->reducer = actors::spawn_gradient_reducer(system, shared);
   impl->parameter_shard = actors::spawn_parameter_shard(system, shared);
+  impl->optimizer = optimizer;
   impl->optimizer_shard =
-      actors::spawn_optimizer_shard(system, shared, std::move(optimizer), impl->reducer, impl->parameter_shard);
+      actors::spawn_optimizer_shard(system, shared, optimizer, impl->reducer, impl->parameter_shard);
   auto* raw = impl.get();
   caf::actor reducer = impl->reducer;
   impl->hooks = std::make_unique<zero::GradReadyHooks>(
@@ -303,6 +313,11 @@ int64_t Engine::skipped_steps() const { return impl_->skipped; }
 double Engine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
 double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
 StepTiming Engine::last_step_timing() const { return impl_->timing; }
+
+EngineStorage Engine::storage_maps() const {
+  const auto& s = *impl_->shared;
+  return actors::describe_storage(s, impl_->optimizer->state_names(), impl_->optimizer->states());
+}
 void Engine::train() { impl_->module->train(true); }
 void Engine::eval() { impl_->module->eval(); }
 std::shared_ptr<torch::nn::Module> Engine::module() const { return impl_->module; }

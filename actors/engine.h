@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 
+#include "actors/storage_maps.h"
 #include "core/config/config.h"
 #include "core/config/resolve_auto.h"
 
@@ -113,6 +114,9 @@ class Engine {
   double loss_scale() const;          // 1 without fp16
   double last_grad_norm() const;      // of the last update with clipping, else -1
   StepTiming last_step_timing() const;
+  // Affine maps of the weights, fp32 master and optimizer states over the data-parallel ranks,
+  // with this rank's buffers (storage_maps.h). Call between steps.
+  EngineStorage storage_maps() const;
   void train();
   void eval();
   std::shared_ptr<torch::nn::Module> module() const;

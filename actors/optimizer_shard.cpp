@@ -94,7 +94,7 @@ caf::behavior optimizer_shard(caf::stateful_actor<OptimizerShardState>* self,
   s.optimizer = std::move(optimizer);
   s.reducer = std::move(reducer);
   s.parameter_shard = std::move(parameter_shard);
-  if (s.shared->fp32_master) s.master = s.shared->flat->partition(s.owned_rank()).to(at::kFloat);
+  s.master = s.shared->master;  // created by the engine (it also describes it in storage maps)
   const auto timeout = s.shared->timeout;
   return {
       [=](step_atom, const StepRequest& request) -> caf::result<StepReport> {

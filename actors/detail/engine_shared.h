@@ -22,6 +22,10 @@ struct EngineShared {
   int world = 1;       // data-parallel size
   std::shared_ptr<transport::Communicator> dp;  // nullptr when world == 1
   std::unique_ptr<zero::FlatParameters> flat;   // laid out for `world` (stage >= 1) or 1 (stage 0)
+  std::vector<std::string> names;               // dotted parameter names, flat order
+  std::vector<std::vector<int64_t>> shapes;     // parameter shapes, flat order
+  int64_t alignment = 1;                        // partition alignment (elements) of `flat`
+  at::Tensor master;                            // fp32 master partition (mixed precision), else undefined
   zero::BucketPlan plan;
   std::chrono::milliseconds timeout{300000};
 };
