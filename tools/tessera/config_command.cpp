@@ -10,9 +10,13 @@
 // writes the configuration in the other syntax; reading the result back gives an equal config.
 #include <CLI/CLI.hpp>
 
+#include <array>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/config/describe.h"
 #include "core/config/load.h"
