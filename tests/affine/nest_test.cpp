@@ -3,11 +3,13 @@
 #include "core/affine/builders.h"
 #include "core/affine/errors.h"
 #include "core/affine/nest.h"
+#include "core/affine/planner.h"
 #include "core/affine/validate.h"
 #include "core/affine/zero_storage.h"
 #include "oracle.h"
 
 using namespace tessera::affine;
+namespace affine = tessera::affine;
 using namespace tessera::affine::testing;
 
 TEST_CASE("nest: TP2 rows x ZeRO-3 over DP2 (header example)", "[affine][nest]") {
@@ -97,4 +99,29 @@ TEST_CASE("refold merges pieces that continue in tensor and storage", "[affine][
   refold(map);
   REQUIRE(map.ranks[0].pieces.size() == 1);
   CHECK(map.ranks[0].pieces[0].box == Box({0, 0}, {4, 8}));
+}
+
+TEST_CASE("nest: replicated segments inside TP shards of different sizes, each under its own ZeRO-3",
+          "[affine][nest]") {
+  // bigcode-like: query rows split unevenly [12, 8, 8, 4] over TP4, KV rows replicated; each shard has
+  // a different size, so ZeRO-3 over DP2 cuts the replicated KV rows at different places per shard.
+  const TensorMap layout = segmented({"c_attn", DType::f32, {48, 8}}, 0,
+                                     {LayoutSegment{32, false, {12, 8, 8, 4}}, LayoutSegment{16, true, {}}}, 4);
+  std::map<int, TensorMap> storage;
+  for (const auto& [t, st] : layout.ranks) storage[t] = zero3_partition({"c_attn", DType::f32, st.buffer_shape}, 2);
+  const TensorMap map = nest(layout, storage, [](int t, int s) { return t * 2 + s; });
+  validate_map(map);  // holders are exact per common box
+  // Some KV element is held by ranks from all four TP shards.
+  bool all_shards = false;
+  for (const auto& [rank, st] : map.ranks)
+    for (const auto& p : st.pieces) all_shards = all_shards || p.holders.size() == 4;
+  CHECK(all_shards);
+  for (int tp : {1, 2, 4}) {
+    const TensorMap target = contiguous_split({"c_attn", DType::f32, {48, 8}}, 0, even_split_sizes(48, tp));
+    for (const auto& policy : {ReplicaPolicy::lowest(), ReplicaPolicy::balanced()}) {
+      PlanOptions o;
+      o.policy = policy;
+      CHECK(check_transfer(target, map, affine::plan(target, map, o)).empty());
+    }
+  }
 }

@@ -303,3 +303,17 @@ TEST_CASE("plan: seven layouts x degree pairs {1,2,4}^2 against the oracle", "[a
     }
   }
 }
+
+TEST_CASE("plan: empty pieces count against max_pieces; zero-size tensors plan to nothing", "[affine][planner]") {
+  TensorMap src = rows(8, 8, 2);
+  src.ranks[0].pieces.push_back(Piece{Box({8, 0}, {0, 8}), 32, {8, 1}, {0}});  // offset one past the end: legal
+  src.ranks[0].pieces.push_back(Piece{Box({0, 0}, {0, 0}), 0, {8, 1}, {0}});
+  CHECK(affine::plan(rows(8, 8, 2), src).statistics.moved_elements == 64);
+  PlanOptions tight;
+  tight.max_pieces = 3;
+  CHECK_THROWS_AS(affine::plan(rows(8, 8, 2), src, tight), BudgetExceededError);
+  const TensorMap empty_src = rows(0, 8, 2), empty_dst = cols(0, 8, 4);
+  const Plan none = affine::plan(empty_dst, empty_src);
+  CHECK(none.segments.empty());
+  CHECK(check_transfer(empty_dst, empty_src, none).empty());
+}
