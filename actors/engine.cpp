@@ -115,8 +115,7 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   }
   auto facts = options.facts;
   facts.world_size = size;
-  auto resolved = config::resolve_auto(config, facts);
-  config::refuse_unsupported(resolved);
+  auto resolved = config::resolve_for_engine(config, facts);
   auto settings = actors::engine_settings(resolved);
   std::shared_ptr<optim::FlatOptimizer> optimizer = optim::make_flat_optimizer(settings.optimizer);
   std::vector<std::pair<std::string, at::Tensor>> trainable;
@@ -193,6 +192,8 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
         raw->reducing = false;
         raw->armed = false;
       });
+  if (rank == 0)
+    for (const auto& warning : resolved.warnings) std::fprintf(stderr, "[tessera] config: %s\n", warning.c_str());
   return std::make_shared<Engine>(std::move(impl));
 }
 

@@ -11,6 +11,7 @@
 #include "tools/tessera/doctor/checks.h"
 #include "transport/ucx/ucx_context.h"
 #include "transport/nccl/nccl_info.h"
+#include "transport/self_test.h"
 
 namespace tessera::cli {
 
@@ -22,6 +23,8 @@ struct Check {
 };
 
 int run_doctor() {
+  // First, before anything starts threads: the self test forks its worker processes.
+  const auto multiprocess = transport::run_transport_self_test({});
   std::cout << "tessera " << TESSERA_VERSION_STRING << "\n"
             << "  LibTorch  " << doctor::libtorch_version() << "\n"
             << "  CAF       " << doctor::caf_version() << "\n"
@@ -42,6 +45,12 @@ int run_doctor() {
       {"ucx context/worker", doctor::check_ucx},
       {"toml parse", doctor::check_toml},
       {"json parse", doctor::check_json},
+      {"multi-process (2 ranks)", [&] {
+         std::string joined;
+         for (const auto& line : multiprocess.lines) joined += (joined.empty() ? "" : "; ") + line;
+         if (!multiprocess.ok) throw std::runtime_error(joined);
+         return joined;
+       }},
   };
   int failed = 0;
   for (const auto& check : checks) {
