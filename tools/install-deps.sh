@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config python3   # python3 runs tessera-launch
   libtorch-dev libgloo-dev libopenblas0-pthread   # LibTorch 1.13 CPU; c10d Gloo headers; fast BLAS
   libcaf-dev                                      # C++ Actor Framework 0.17
   libucx-dev ucx-utils                            # UCX 1.13 (ucx_perftest for bench/)
