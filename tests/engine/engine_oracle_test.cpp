@@ -14,25 +14,16 @@
 #include "core/data/byte_corpus.h"
 #include "core/error.h"
 #include "core/nn/tiny_gpt.h"
+#include "tests/engine/engine_test_support.h"
 
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-const int kRank = env_int("RANK", 0);
-const int kWorld = env_int("WORLD_SIZE", 1);
+using namespace tessera::engine_testing;
 
 tessera::nn::GptConfig small_gpt() {
   tessera::nn::GptConfig c;
   c.d_model = 32, c.n_layer = 2, c.n_head = 2, c.context = 16, c.seed = 77;
   return c;  // 41,792 parameters: several reduce buckets, parameters straddling partitions
-}
-
-const tessera::data::ByteCorpus& corpus() {
-  static tessera::data::ByteCorpus c(tessera::data::ByteCorpus::default_paths());
-  return c;
 }
 
 struct Result {

@@ -18,15 +18,11 @@
 #include "core/data/byte_corpus.h"
 #include "core/error.h"
 #include "core/nn/tiny_gpt.h"
+#include "tests/engine/engine_test_support.h"
 
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-const int kRank = env_int("RANK", 0);
-const int kWorld = env_int("WORLD_SIZE", 1);
+using namespace tessera::engine_testing;
 
 // fp16 matrix kernels do not exist on CPU in LibTorch 1.13, so the fp16 model keeps fp16
 // parameters and gradients but computes in fp32 (each weight is upcast in forward); the
@@ -50,11 +46,6 @@ struct Task {
   // Loss of `rank`'s share of micro-step (step, micro) on `model`.
   std::function<torch::Tensor(torch::nn::Module&, int step, int micro, int rank)> loss;
 };
-
-const tessera::data::ByteCorpus& corpus() {
-  static tessera::data::ByteCorpus c(tessera::data::ByteCorpus::default_paths());
-  return c;
-}
 
 Task gpt_task() {
   auto models = std::make_shared<std::map<torch::nn::Module*, std::shared_ptr<tessera::nn::TinyGpt>>>();

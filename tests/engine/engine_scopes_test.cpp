@@ -11,20 +11,11 @@
 #include "core/data/byte_corpus.h"
 #include "core/error.h"
 #include "core/nn/tiny_gpt.h"
+#include "tests/engine/engine_test_support.h"
 
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-const int kRank = env_int("RANK", 0);
-const int kWorld = env_int("WORLD_SIZE", 1);
-
-const tessera::data::ByteCorpus& corpus() {
-  static tessera::data::ByteCorpus c(tessera::data::ByteCorpus::default_paths());
-  return c;
-}
+using namespace tessera::engine_testing;
 
 std::shared_ptr<tessera::nn::TinyGpt> make_gpt(uint64_t seed = 77) {
   tessera::nn::GptConfig c;

@@ -17,21 +17,12 @@
 #include "core/data/byte_corpus.h"
 #include "core/error.h"
 #include "core/nn/tiny_gpt.h"
+#include "tests/engine/engine_test_support.h"
 #include "transport/communicator.h"
 
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-const int kRank = env_int("RANK", 0);
-const int kWorld = env_int("WORLD_SIZE", 1);
-
-const tessera::data::ByteCorpus& corpus() {
-  static tessera::data::ByteCorpus c(tessera::data::ByteCorpus::default_paths());
-  return c;
-}
+using namespace tessera::engine_testing;
 
 // TinyGpt plus a 7-element parameter: the group size is odd, so every world > 1 pads it and
 // parameters straddle partitions.
