@@ -1,5 +1,5 @@
 // Every collective of the Gloo communicator at 2 and 4 processes (run through tessera-launch),
-// on the whole job and on sub-groups, fp32/bf16/fp16, sizes 0, 1, primes and a few MB. Each rank
+// on the whole job and on sub-groups, fp32/bf16/fp16, sizes 0, 1, primes, a few MB and 32 MiB. Each rank
 // builds every rank's input locally (a closed form of rank and index), so the expected result is
 // computed here, in fp32, and compared bitwise.
 #include <catch2/catch.hpp>
@@ -156,6 +156,31 @@ TEST_CASE("every collective on sub-groups; a rank in several groups", "[collecti
     }
   }
   w.world->barrier()->wait();
+}
+
+TEST_CASE("tens of MB: all-reduce, reduce-scatter and all-gather on the whole job", "[collectives][large]") {
+  // 8 Mi + 3 fp32 elements (32 MiB) per all-reduce and all-gather input; the reduce-scatter input
+  // holds 32 MiB in total. bf16 all-reduce of 16 MiB. Closed forms as above (integer inputs).
+  auto& w = MpWorld::get();
+  Communicator& comm = *w.world;
+  const int size = comm.size(), me = comm.rank();
+  const auto members = iota(size);
+  const int64_t n = (int64_t{1} << 23) + 3;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    INFO("dtype " << c10::toString(dtype));
+    auto t = input_of(me, n, dtype);
+    comm.all_reduce(t)->wait();
+    CHECK(torch::equal(t, expected_reduce(members, n, dtype, ReduceOp::sum)));
+  }
+  const int64_t chunk = (int64_t{1} << 23) / size;
+  auto in = input_of(me, chunk * size, torch::kFloat, 1);
+  auto out = torch::full({chunk}, 99, torch::kFloat);
+  comm.reduce_scatter(in, out, {{}, ReduceOp::avg})->wait();
+  CHECK(torch::equal(out, expected_reduce(members, chunk * size, torch::kFloat, ReduceOp::avg, 1).narrow(0, me * chunk, chunk)));
+  auto part = input_of(me, chunk, torch::kFloat, 2);
+  auto gathered = torch::full({chunk * size}, 99, torch::kFloat);
+  comm.all_gather(part, gathered)->wait();
+  for (int i = 0; i < size; ++i) CHECK(torch::equal(gathered.narrow(0, i * chunk, chunk), input_of(i, chunk, torch::kFloat, 2)));
 }
 
 TEST_CASE("program order holds under skewed timing and many threads", "[collectives]") {
