@@ -131,7 +131,7 @@ void validate_local_batch(const std::vector<LocalTransfer>& batch, const LocalEx
   }
   if (auto clash = detail::find_overlap(targets, options.max_overlap_runs)) {
     throw TransferRefusedError(target_labels[clash->first] + " and " + target_labels[clash->second] +
-                               " write the same target bytes (overlapping targets or aliasing buffers); no data moved");
+                               " write the same target bytes: a target byte written twice (overlapping targets or aliasing buffers); no data moved");
   }
 }
 

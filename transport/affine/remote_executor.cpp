@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/affine/errors.h"
+#include "core/affine/local_executor.h"
 #include "core/error.h"
 #include "transport/store.h"
 #include "transport/ucx/ucx_context.h"
@@ -35,13 +36,6 @@ struct Fnv {
 };
 
 std::string name_of(const ProcessId& p) { return "job '" + p.job + "' rank " + std::to_string(p.rank); }
-
-// Highest element address a segment touches on one side (offset for a 1-element segment).
-int64_t last_address(int64_t offset, const affine::Dims& strides, const affine::Dims& shape) {
-  int64_t a = offset;
-  for (int k = 0; k < shape.size(); ++k) a += (shape[k] - 1) * strides[k];
-  return a;
-}
 
 // Calls f(source_address, target_address, elements, source_step) for every run of a segment: a
 // run is a whole innermost row when that axis is contiguous at the target (source_step is the
@@ -125,77 +119,38 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
       for (const auto& p : *side) digest.str(p.job), digest.u64(static_cast<uint64_t>(p.rank));
     }
     const int64_t es = affine::element_size(plan.dtype);
+    // Placement only: the buffers themselves are checked by affine::validate_local_batch below.
     auto check = [&](const char* role, int rank, const std::vector<ProcessId>& placement,
-                     const std::map<int, affine::LocalBuffer>& buffers, int64_t offset, const affine::Dims& strides,
-                     const affine::Dims& shape) {
+                     const std::map<int, affine::LocalBuffer>& buffers) {
       if (!reject.empty()) return;
       if (rank < 0 || rank >= static_cast<int>(placement.size())) {
         reject = "tensor '" + plan.name + "': " + role + " rank " + std::to_string(rank) + " is placed on no process";
-        return;
-      }
-      if (!(placement[rank] == me)) return;
-      auto it = buffers.find(rank);
-      if (it == buffers.end()) {
+      } else if (placement[rank] == me && !buffers.count(rank)) {
         reject = "tensor '" + plan.name + "': no " + role + " buffer for plan rank " + std::to_string(rank);
-      } else if (it->second.dtype != plan.dtype) {
-        reject = "tensor '" + plan.name + "': " + role + " buffer of rank " + std::to_string(rank) + " is " +
-                 affine::dtype_name(it->second.dtype) + ", the plan moves " + affine::dtype_name(plan.dtype);
-      } else if (offset < 0 || last_address(offset, strides, shape) >= it->second.elements) {
-        reject = "tensor '" + plan.name + "': a segment reaches element " +
-                 std::to_string(last_address(offset, strides, shape)) + " of the " + role + " buffer of rank " +
-                 std::to_string(rank) + ", which has " + std::to_string(it->second.elements);
-      } else if (!it->second.data && it->second.elements) {
-        reject = "tensor '" + plan.name + "': " + role + " buffer of rank " + std::to_string(rank) + " is null";
       }
     };
     for (const auto& s : plan.segments) {
       if (s.elements() == 0) continue;
-      check("source", s.source_rank, t.source_processes, t.source_buffers, s.source_offset, s.source_strides, s.shape);
-      check("target", s.target_rank, t.target_processes, t.target_buffers, s.target_offset, s.target_strides, s.shape);
+      check("source", s.source_rank, t.source_processes, t.source_buffers);
+      check("target", s.target_rank, t.target_processes, t.target_buffers);
       if (reject.empty() && s.target_rank < static_cast<int>(t.target_processes.size()) &&
           t.target_processes[s.target_rank] == me)
         stats.useful_bytes += s.elements() * es;
     }
   }
 
-  // Every byte of this process's targets is written once in the whole batch, and no source byte of
-  // this process is also a target byte (aliasing buffers included): runs as byte intervals.
+  // The buffers this process holds: dtypes, extents, targets written twice (aliasing buffers
+  // included) and sources aliasing targets, with the local executor's own checks.
   if (reject.empty()) {
-    std::vector<std::pair<uintptr_t, uintptr_t>> target_runs, source_runs;
-    for (const auto& t : batch) {
-      const int64_t es = affine::element_size(t.plan->dtype);
-      for (const auto& s : t.plan->segments) {
-        const bool src_mine = t.source_processes[s.source_rank] == me;
-        const bool dst_mine = t.target_processes[s.target_rank] == me;
-        if (!src_mine && !dst_mine) continue;
-        const auto src_base = src_mine ? reinterpret_cast<uintptr_t>(t.source_buffers.at(s.source_rank).data) : 0;
-        const auto dst_base = dst_mine ? reinterpret_cast<uintptr_t>(t.target_buffers.at(s.target_rank).data) : 0;
-        for_each_run(s, [&](int64_t src, int64_t dst, int64_t n, int64_t step) {
-          // (a strided source row is checked by the interval it spans: conservative)
-          if (src_mine) source_runs.emplace_back(src_base + src * es, src_base + (src + (n - 1) * step + 1) * es);
-          if (dst_mine) target_runs.emplace_back(dst_base + dst * es, dst_base + (dst + n) * es);
-        });
-        if (target_runs.size() + source_runs.size() > (size_t{1} << 26)) {
-          reject = "more than 2^26 runs to check for overlapping targets";
-          break;
-        }
-      }
-      if (!reject.empty()) break;
-    }
-    std::sort(target_runs.begin(), target_runs.end());
-    for (size_t i = 1; i < target_runs.size() && reject.empty(); ++i)
-      if (target_runs[i].first < target_runs[i - 1].second)
-        reject = "a target byte of this process is written twice in the batch (overlapping targets)";
-    if (reject.empty() && !target_runs.empty()) {
-      std::sort(source_runs.begin(), source_runs.end());
-      size_t j = 0;
-      for (const auto& run : source_runs) {
-        while (j < target_runs.size() && target_runs[j].second <= run.first) ++j;
-        if (j < target_runs.size() && target_runs[j].first < run.second) {
-          reject = "a source byte of this process is also a target byte (source and target buffers alias)";
-          break;
-        }
-      }
+    std::vector<affine::LocalTransfer> held;
+    for (const auto& t : batch) held.push_back({t.plan, t.source_buffers, t.target_buffers});
+    affine::LocalExecutorOptions check_options;
+    check_options.staging_bytes = options_.staging_bytes;
+    check_options.only_held_buffers = true;
+    try {
+      affine::validate_local_batch(held, check_options);
+    } catch (const Error& e) {
+      reject = std::string("its buffers: ") + e.what();
     }
   }
 
