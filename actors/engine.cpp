@@ -18,12 +18,12 @@
 #include "actors/parameter_shard.h"
 #include "actors/protocol.h"
 #include "actors/storage_description.h"
-#include "core/config/validate.h"
 #include "core/error.h"
 #include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
 #include "core/zero/grad_ready_hooks.h"
 #include "transport/communicator.h"
+#include "transport/launch_env.h"
 #include "transport/store.h"
 
 namespace tessera {
@@ -109,9 +109,9 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   int rank = 0, size = 1;
   if (world) {
     rank = world->rank(), size = world->size();
-  } else if (const char* ws = std::getenv("WORLD_SIZE"); ws && std::atoi(ws) > 1) {
-    size = std::atoi(ws);
-    rank = std::getenv("RANK") ? std::atoi(std::getenv("RANK")) : 0;
+  } else {
+    const auto env = transport::LaunchEnv::from_env();
+    rank = env.rank, size = env.world_size;
   }
   auto facts = options.facts;
   facts.world_size = size;

@@ -19,13 +19,10 @@
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/nn/tiny_gpt.h"
+#include "transport/launch_env.h"
 
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -47,7 +44,8 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", micro, "sequences per rank");
   app.add_option("--d-model", model_config.d_model, "model width");
   CLI11_PARSE(app, argc, argv);
-  const int rank = env_int("RANK", 0), world = env_int("WORLD_SIZE", 1);
+  const auto env = tessera::transport::LaunchEnv::from_env();
+  const int rank = env.rank, world = env.world_size;
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, world)));
   tessera::data::ByteCorpus corpus(tessera::data::ByteCorpus::default_paths());
 

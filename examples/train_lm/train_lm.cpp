@@ -27,13 +27,10 @@
 #include "core/data/byte_corpus.h"
 #include "core/error.h"
 #include "core/nn/tiny_gpt.h"
+#include "transport/launch_env.h"
 
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 
 }  // namespace
 
@@ -61,8 +58,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", log_every, "print a line every N steps (default: the config's steps_per_print, 1 on a terminal)");
   CLI11_PARSE(app, argc, argv);
 
-  const int rank = env_int("RANK", 0), world = env_int("WORLD_SIZE", 1);
-  const int local_world = env_int("LOCAL_WORLD_SIZE", world);
+  const auto env = tessera::transport::LaunchEnv::from_env();
+  const int rank = env.rank, world = env.world_size, local_world = env.local_world_size;
   // Ranks on one machine share its cores: no oversubscription.
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_world)));
   try {

@@ -9,14 +9,11 @@
 #include <string>
 
 #include "transport/communicator.h"
+#include "transport/launch_env.h"
 #include "transport/store.h"
 
 namespace tessera::transport::testing {
 
-inline int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 
 struct MpWorld {
   int rank = env_int("RANK", 0);

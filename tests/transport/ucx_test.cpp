@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "transport/launch_env.h"
 #include "transport/store.h"
 #include "transport/ucx/ucx_context.h"
 #include "transport/ucx/ucx_endpoint.h"
@@ -22,10 +23,6 @@ using namespace tessera::transport;
 
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 std::string env_str(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v && *v ? v : fallback;
