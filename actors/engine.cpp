@@ -11,6 +11,8 @@
 #include <optional>
 
 #include "actors/actor_runtime.h"
+#include "actors/autocast.h"
+#include "actors/group_resolution.h"
 #include "actors/detail/engine_shared.h"
 #include "actors/engine_settings.h"
 #include "actors/gradient_reducer.h"
@@ -28,16 +30,21 @@
 
 namespace tessera {
 
+using actors::ResolvedGroup;
+
 struct Engine::Impl {
   std::shared_ptr<torch::nn::Module> module;
   config::Config config;
   actors::EngineSettings settings;
   std::shared_ptr<actors::detail::EngineShared> shared;
   std::unique_ptr<zero::GradReadyHooks> hooks;
-  std::optional<optim::LrSchedule> schedule;
+  std::vector<ResolvedGroup> groups;            // the user's parameter groups
+  std::vector<optim::LrSchedule> schedules;     // per parameter group
   caf::actor reducer, parameter_shard, optimizer_shard;
   std::optional<optim::LossScaler> scaler;  // fp16
-  std::shared_ptr<optim::FlatOptimizer> optimizer;  // owned by the optimizer shard; read between steps
+  // Per flat group; owned by the optimizer shard, read between steps (storage maps).
+  std::vector<std::shared_ptr<optim::FlatOptimizer>> optimizers;
+  std::vector<double> last_lrs;             // of the last update
   std::atomic<bool> reducing{false};        // this backward's gradients go to the reducer
   std::atomic<bool> armed{false};           // a backward through backward()/scale() is expected
   std::atomic<bool> unarmed_backward{false};  // a backward ran that the engine did not scale
@@ -50,14 +57,29 @@ struct Engine::Impl {
   StepTiming timing;
 
   bool boundary() const { return (micro + 1) % settings.gradient_accumulation_steps == 0; }
-  optim::StepHyperparameters hyperparameters(int64_t update_index) const {
-    optim::StepHyperparameters hp{settings.optimizer.lr, settings.optimizer.beta1, settings.optimizer.beta2};
-    // DeepSpeed steps the scheduler only after updates that were not skipped.
-    const auto v = schedule->at(update_index - skipped - 1 + settings.schedule_offset);
-    hp.lr = v.lr;
-    if (v.beta1) hp.beta1 = *v.beta1;
-    if (v.beta2) hp.beta2 = *v.beta2;
-    return hp;
+  // DeepSpeed steps the scheduler only after updates that were not skipped.
+  int64_t last_batch_iteration() const { return global - skipped - 1 + settings.schedule_offset; }
+  // The hyperparameters of the next update, per parameter group.
+  std::vector<optim::StepHyperparameters> hyperparameters() const {
+    std::vector<optim::StepHyperparameters> out;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto& o = groups[g].options;
+      optim::StepHyperparameters hp{o.lr, o.beta1, o.beta2};
+      const auto v = schedules[g].at(last_batch_iteration());
+      hp.lr = v.lr;
+      if (v.beta1) hp.beta1 = *v.beta1;
+      if (v.beta2) hp.beta2 = *v.beta2;
+      out.push_back(hp);
+    }
+    return out;
+  }
+  bool gradients_attached() const {
+    for (const auto& g : shared->groups)
+      if (!g.flat->gradients_attached()) return false;
+    return true;
+  }
+  void zero_flat_grads() {
+    for (auto& g : shared->groups) g.flat->zero_grad();
   }
   // Whether a backward now must reduce: at a boundary, outside no_sync and coalesce blocks.
   bool reduces_now() const { return boundary() && no_sync_depth == 0 && !coalescing; }
@@ -75,7 +97,7 @@ struct Engine::Impl {
       throw Error("backward: called twice in the micro-step that ends gradient accumulation (micro-step " +
                   std::to_string(micro) + "); reduce once per boundary: call step() in between, or wrap the "
                   "backwards in coalesce_grad_reduction()");
-    if (!shared->flat->gradients_attached())
+    if (!gradients_attached())
       throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
     armed = true;
     if (reduce) start_reduction();
@@ -101,8 +123,8 @@ struct Engine::Impl {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, const config::Config& config,
-                                   const InitializeOptions& options) {
+Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::Config& config,
+                       const InitializeOptions& options) {
   if (!model) throw Error("initialize: the model is null");
   // 1. Everything that can be wrong is checked before the model changes.
   auto world = options.world;
@@ -117,7 +139,6 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   facts.world_size = size;
   auto resolved = config::resolve_for_engine(config, facts);
   auto settings = actors::engine_settings(resolved);
-  std::shared_ptr<optim::FlatOptimizer> optimizer = optim::make_flat_optimizer(settings.optimizer);
   std::vector<std::pair<std::string, at::Tensor>> trainable;
   for (auto& item : model->named_parameters())
     if (item.value().requires_grad()) trainable.emplace_back(item.key(), item.value());
@@ -130,6 +151,17 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
       throw Error("initialize: parameter '" + name + "' is " + std::string(c10::toString(p.scalar_type())) + " on " +
                   p.device().str() + "; the engine takes fp32 (or " + c10::toString(dtype) +
                   ") CPU parameters and converts them");
+  auto groups = actors::resolve_groups(trainable, options.param_groups, options.optimizer.get(), settings.optimizer);
+  std::vector<optim::LrSchedule> schedules;
+  for (auto& g : groups) {
+    g.options.bf16_states = settings.bf16_optimizer_states;
+    optim::make_flat_optimizer(g.options);  // validates (ConfigError naming the field)
+    schedules.emplace_back(actors::group_schedule(settings, g.options));
+  }
+  std::vector<std::string> names;
+  for (const auto& item : trainable) names.push_back(item.first);
+  std::vector<bool> lower(trainable.size(), false);
+  if (settings.autocast) lower = actors::lower_precision_parameters(*model, names, settings.lower_precision_safe_modules);
   std::optional<optim::LossScaler> scaler;
   if (settings.precision == actors::Precision::fp16) scaler.emplace(settings.loss_scaler);
 
@@ -141,12 +173,13 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
     world = transport::Communicator::gloo(actors::job_store(), rank, size, co);
   }
 
-  // 3. Flat buffers, buckets, actors, hooks.
+  // 3. Flat groups, buckets, actors, hooks.
   auto impl = std::make_unique<Engine::Impl>();
   impl->module = model;
   impl->config = resolved;
   impl->settings = settings;
-  impl->schedule.emplace(settings.schedule);
+  impl->groups = groups;
+  impl->schedules = std::move(schedules);
   impl->scaler = scaler;
   auto shared = std::make_shared<actors::detail::EngineShared>();
   shared->stage = settings.stage;
@@ -159,30 +192,49 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
   shared->dp = world;
   shared->timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
   // DeepSpeed aligns partitions to 2 elements; stage 0 keeps one "partition" holding everything.
-  shared->flat = std::make_unique<zero::FlatParameters>(trainable, settings.stage >= 1 ? size : 1,
-                                                        settings.stage >= 1 ? 2 : 1, dtype);
   shared->alignment = settings.stage >= 1 ? 2 : 1;
   for (const auto& [name, p] : trainable) {
     shared->names.push_back(name);
     shared->shapes.push_back(p.sizes().vec());
+    shared->parameters.push_back(p);
   }
-  if (shared->fp32_master)
-    shared->master = shared->flat->partition(settings.stage >= 1 ? rank : 0).to(at::kFloat);
+  std::vector<zero::FlatGroupLayout> layouts;
+  std::vector<std::vector<int64_t>> model_index;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    // With autocast, the group's lower-precision parameters form a flat group of their own.
+    for (const bool low : {false, true}) {
+      std::vector<std::pair<std::string, at::Tensor>> members;
+      std::vector<int64_t> ids;
+      for (int64_t i : groups[g].params)
+        if (lower[i] == low) members.push_back(trainable[i]), ids.push_back(i);
+      if (members.empty()) continue;
+      actors::detail::FlatGroup group;
+      group.flat = std::make_unique<zero::FlatParameters>(members, settings.stage >= 1 ? size : 1, shared->alignment,
+                                                          dtype);
+      group.params = ids;
+      group.param_group = int64_t(g);
+      group.comm_dtype = low ? at::kBFloat16 : dtype;
+      if (shared->fp32_master) group.master = group.flat->partition(shared->owned_rank()).to(at::kFloat);
+      layouts.push_back(group.flat->layout());
+      model_index.push_back(ids);
+      impl->optimizers.push_back(optim::make_flat_optimizer(groups[g].options));
+      shared->groups.push_back(std::move(group));
+    }
+  }
   shared->plan = zero::make_bucket_plan(
-      shared->flat->layout(),
+      layouts, model_index,
       settings.stage == 2 ? zero::BucketShape::reduce_scatter : zero::BucketShape::all_reduce,
       std::max<int64_t>(1, settings.reduce_bucket_elements));
   impl->shared = shared;
   auto& system = actors::actor_system();
   impl->reducer = actors::spawn_gradient_reducer(system, shared);
   impl->parameter_shard = actors::spawn_parameter_shard(system, shared);
-  impl->optimizer = optimizer;
   impl->optimizer_shard =
-      actors::spawn_optimizer_shard(system, shared, optimizer, impl->reducer, impl->parameter_shard);
+      actors::spawn_optimizer_shard(system, shared, impl->optimizers, impl->reducer, impl->parameter_shard);
   auto* raw = impl.get();
   caf::actor reducer = impl->reducer;
   impl->hooks = std::make_unique<zero::GradReadyHooks>(
-      shared->flat->parameters(),
+      shared->parameters,
       [raw, reducer](int64_t i) {
         if (!raw->armed.exchange(true)) raw->arm_from_hook();
         if (raw->reducing.load()) caf::anon_send(reducer, actors::ready_atom::value, i);
@@ -192,9 +244,14 @@ std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, con
         raw->reducing = false;
         raw->armed = false;
       });
+  for (const auto& hp : impl->hyperparameters()) impl->last_lrs.push_back(hp.lr);
   if (rank == 0)
     for (const auto& warning : resolved.warnings) std::fprintf(stderr, "[tessera] config: %s\n", warning.c_str());
-  return std::make_shared<Engine>(std::move(impl));
+  Initialized out;
+  out.engine = std::make_shared<Engine>(std::move(impl));
+  out.optimizer = std::make_shared<EngineOptimizer>(out.engine);
+  if (settings.has_scheduler) out.lr_scheduler = std::make_shared<EngineScheduler>(out.engine);
+  return out;
 }
 
 void Engine::backward(const at::Tensor& loss) {
@@ -235,7 +292,7 @@ void Engine::step() {
                 "engine.scale(loss).backward()); the gradients are wrong by the loss scale " +
                 std::to_string(s.scaler->scale()) + ". Call zero_grad() and redo the micro-step");
   actors::StepRequest request;
-  request.hyperparameters = s.hyperparameters(s.global);
+  request.hyperparameters = s.hyperparameters();
   request.max_grad_norm = s.settings.max_grad_norm;
   request.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
   actors::StepReport report;
@@ -252,6 +309,10 @@ void Engine::step() {
   if (report.error) std::rethrow_exception(report.error);
   if (!answered) throw Error("step: no answer from the optimizer shard");
   s.last_grad_norm = report.grad_norm;
+  if (!report.overflow) {
+    s.last_lrs.clear();
+    for (const auto& hp : request.hyperparameters) s.last_lrs.push_back(hp.lr);
+  }
   s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s};
   if (report.overflow) ++s.skipped;
   if (s.scaler) {
@@ -265,7 +326,7 @@ void Engine::step() {
   ++s.global;
   ++s.micro;
   s.boundary_backwards = 0;
-  s.shared->flat->zero_grad();
+  s.zero_flat_grads();
 }
 
 void Engine::zero_grad() {
@@ -276,9 +337,9 @@ void Engine::zero_grad() {
     actors::WorkList issued;
     self->request(s.reducer, std::chrono::milliseconds(s.settings.collective_timeout_ms), actors::collect_atom::value)
         .receive([&](actors::WorkList& w) { issued = std::move(w); }, [&](caf::error&) {});
-    for (auto& work : issued.works) work->wait();
+    issued.wait_all();
   }
-  impl_->shared->flat->zero_grad();
+  impl_->zero_flat_grads();
   impl_->unarmed_backward = false;
   impl_->double_boundary_backward = false;
   impl_->boundary_backwards = 0;
@@ -307,7 +368,44 @@ Engine::Scope Engine::coalesce_grad_reduction() {
   });
 }
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->boundary(); }
-double Engine::get_lr() const { return impl_->hyperparameters(impl_->global).lr; }
+double Engine::get_lr(size_t group) const {
+  if (group >= impl_->groups.size())
+    throw Error("get_lr: param group " + std::to_string(group) + " of " + std::to_string(impl_->groups.size()));
+  return impl_->hyperparameters()[group].lr;
+}
+std::vector<double> Engine::get_lrs() const {
+  std::vector<double> out;
+  for (const auto& hp : impl_->hyperparameters()) out.push_back(hp.lr);
+  return out;
+}
+size_t Engine::num_param_groups() const { return impl_->groups.size(); }
+std::vector<std::string> Engine::param_group_names(size_t group) const {
+  std::vector<std::string> out;
+  for (int64_t i : impl_->groups.at(group).params) out.push_back(impl_->shared->names[i]);
+  return out;
+}
+optim::OptimizerOptions Engine::param_group_options(size_t group) const { return impl_->groups.at(group).options; }
+void Engine::set_lr(double lr, std::optional<size_t> group) {
+  auto& s = *impl_;
+  if (s.settings.has_scheduler)
+    throw Error("set_lr: the config's scheduler sets the learning rate; remove the `scheduler` section to set it by hand");
+  if (group && *group >= s.groups.size())
+    throw Error("set_lr: param group " + std::to_string(*group) + " of " + std::to_string(s.groups.size()));
+  if (!(lr >= 0)) throw Error("set_lr: lr = " + std::to_string(lr) + " must be >= 0");
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    if (group && *group != g) continue;
+    s.groups[g].options.lr = lr;
+    s.schedules[g] = optim::LrSchedule(actors::group_schedule(s.settings, s.groups[g].options));
+  }
+}
+bool Engine::has_scheduler() const { return impl_->settings.has_scheduler; }
+int64_t Engine::last_batch_iteration() const { return impl_->last_batch_iteration(); }
+std::vector<double> Engine::last_lrs() const { return impl_->last_lrs; }
+
+Engine::Scope Engine::autocast() {
+  auto guard = std::make_shared<actors::AutocastGuard>(impl_->settings.autocast, at::kBFloat16);
+  return Scope([guard]() mutable { guard.reset(); });
+}
 int64_t Engine::global_steps() const { return impl_->global; }
 int64_t Engine::micro_steps() const { return impl_->micro; }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }
@@ -316,8 +414,9 @@ double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
 StepTiming Engine::last_step_timing() const { return impl_->timing; }
 
 EngineStorage Engine::storage_maps() const {
-  const auto& s = *impl_->shared;
-  return actors::describe_storage(s, impl_->optimizer->state_names(), impl_->optimizer->states());
+  std::vector<std::vector<at::Tensor>> states;
+  for (const auto& o : impl_->optimizers) states.push_back(o->states());
+  return actors::describe_storage(*impl_->shared, impl_->optimizers.front()->state_names(), states);
 }
 void Engine::train() { impl_->module->train(true); }
 void Engine::eval() { impl_->module->eval(); }

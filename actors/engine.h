@@ -1,14 +1,14 @@
 // The Engine is what users hold: tessera's counterpart of DeepSpeed's training engine, driving a
 // stock LibTorch module with ZeRO stages 0, 1 and 2 over a data-parallel group.
 //
-//   auto engine = tessera::initialize(model, config);     // every rank, same model and config
-//   for (step...) { auto loss = ...model forward...;       // the user's own forward
+//   auto [engine, optimizer, lr_scheduler] = tessera::initialize(model, config);  // every rank
+//   for (step...) { auto loss = engine->forward([&] { return ...model forward and loss...; });
 //                   engine->backward(loss);               // (loss / accumulation steps).backward()
 //                   engine->step(); }                     // updates at accumulation boundaries
 //
-// What happens: initialize() moves the module's trainable parameters into one flat buffer (each
-// parameter becomes a view, so the module's weights are always the engine's) and their gradients
-// into a second one; pinned AccumulateGrad hooks report each gradient as final, and the
+// What happens: initialize() moves each parameter group's trainable parameters into one flat
+// buffer (each parameter becomes a view, so the module's weights are always the engine's) and
+// their gradients into a second one; pinned AccumulateGrad hooks report each gradient as final, and the
 // gradient-reducer actor reduces buckets of the flat gradients while backward goes on (all-reduce
 // at stages 0/1, reduce-scatter at stage 2). step() asks the optimizer-shard actor to wait for the
 // reductions, clip, update this rank's partition and have the parameter-shard all-gather it.
@@ -22,8 +22,11 @@
 // and_grads, bf16 optimizer states with bf16_optimizer_states); fp16 with fp32 master and dynamic
 // or static loss scaling, overflowing steps skipped on every rank, counted and logged. Gloo has
 // no bf16/fp16 arithmetic: those gradients are reduced in fp32 and rounded once.
-// Not yet (each refused with a clear error at initialize): autocast, ZeRO-3, offload, tensor
-// parallelism, parameter groups. Cross-rank contract: every rank calls backward/step the
+// torch_autocast runs forward() under CPU autocast in bf16 (fp32 weights) and reduces the
+// gradients of lower_precision_safe_modules in bf16 (actors/autocast.h).
+// Parameter groups (param_group.h) or a client torch::optim optimizer give per-group settings.
+// Not yet (each refused with a clear error at initialize): ZeRO-3, offload, tensor
+// parallelism. Cross-rank contract: every rank calls backward/step the
 // same number of times, with the same accumulation boundaries.
 #pragma once
 
@@ -32,13 +35,22 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "actors/param_group.h"
 #include "actors/storage_maps.h"
 #include "core/config/config.h"
 #include "core/config/resolve_auto.h"
+#include "core/optim/optimizer_options.h"
 
 namespace torch::nn {
 class Module;
+}
+namespace torch::optim {
+class Optimizer;
 }
 
 namespace tessera {
@@ -60,6 +72,13 @@ struct InitializeOptions {
   std::shared_ptr<transport::Communicator> world;
   // Facts for "auto" values (the world size is filled in by initialize).
   config::Facts facts;
+  // DeepSpeed's model_parameters as groups with their own settings; empty: one group of every
+  // trainable parameter.
+  std::vector<ParamGroup> param_groups;
+  // A client optimizer built on the model's parameters (torch::optim Adam, AdamW, SGD, Adagrad),
+  // instead of the config's `optimizer` section: its groups and options are used, and it is
+  // translated, not called (group_resolution.h). The engine's optimizer replaces it.
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
 };
 
 class Engine {
@@ -82,6 +101,17 @@ class Engine {
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+
+  // Runs `fn` (the model's forward, and the loss if it is inside) under the engine's autocast:
+  // CPU autocast in bf16 when torch_autocast is enabled; otherwise autocast is switched off
+  // inside (the engine's own bf16/fp16 handle precision), as DeepSpeed's engine.forward does.
+  template <class F>
+  decltype(auto) forward(F&& fn) {
+    Scope scope = autocast();
+    return std::forward<F>(fn)();
+  }
+  // The autocast state of forward() until the Scope ends.
+  [[nodiscard]] Scope autocast();
 
   // Backward of `loss` (a scalar) divided by gradient_accumulation_steps; at the accumulation
   // boundary, gradients are reduced while it runs.
@@ -107,7 +137,18 @@ class Engine {
   [[nodiscard]] Scope coalesce_grad_reduction();
 
   bool is_gradient_accumulation_boundary() const;
-  double get_lr() const;              // the lr the next update uses
+  double get_lr(size_t group = 0) const;  // the lr the next update uses in a parameter group
+  std::vector<double> get_lrs() const;    // of every parameter group
+  size_t num_param_groups() const;
+  std::vector<std::string> param_group_names(size_t group) const;  // its parameters' dotted names
+  optim::OptimizerOptions param_group_options(size_t group) const;  // its optimizer settings
+  // Sets a group's lr (every group's with nullopt) for the next updates; an Error when a
+  // scheduler is configured (it sets the lr; tessera does not let the two fight).
+  void set_lr(double lr, std::optional<size_t> group = std::nullopt);
+  bool has_scheduler() const;
+  // Scheduler steps taken (DeepSpeed's last_batch_iteration: -1 before the first update).
+  int64_t last_batch_iteration() const;
+  std::vector<double> last_lrs() const;   // the lrs of the last update (before any: the first's)
   int64_t global_steps() const;       // optimizer updates done
   int64_t micro_steps() const;        // step() calls
   int64_t skipped_steps() const;      // updates skipped (fp16 overflow)
@@ -131,10 +172,45 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
+// The optimizer initialize() returns, as DeepSpeed returns its ZeRO optimizer: the parameter
+// groups and their settings; updates go through engine->step().
+class EngineOptimizer {
+ public:
+  explicit EngineOptimizer(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  size_t num_param_groups() const { return engine_->num_param_groups(); }
+  std::vector<std::string> param_group_names(size_t group) const { return engine_->param_group_names(group); }
+  optim::OptimizerOptions param_group_options(size_t group) const { return engine_->param_group_options(group); }
+  double get_lr(size_t group = 0) const { return engine_->get_lr(group); }
+  void set_lr(double lr, std::optional<size_t> group = std::nullopt) { engine_->set_lr(lr, group); }
+  void zero_grad() { engine_->zero_grad(); }
+
+ private:
+  std::shared_ptr<Engine> engine_;
+};
+
+// The learning-rate scheduler initialize() returns when the config has a `scheduler` section;
+// the engine steps it after every update that was not skipped (as DeepSpeed does).
+class EngineScheduler {
+ public:
+  explicit EngineScheduler(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  std::vector<double> get_lr() const { return engine_->get_lrs(); }  // for the next update
+  std::vector<double> get_last_lr() const { return engine_->last_lrs(); }
+  int64_t last_batch_iteration() const { return engine_->last_batch_iteration(); }
+
+ private:
+  std::shared_ptr<Engine> engine_;
+};
+
+struct Initialized {
+  std::shared_ptr<Engine> engine;
+  std::shared_ptr<EngineOptimizer> optimizer;
+  std::shared_ptr<EngineScheduler> lr_scheduler;  // nullptr without a scheduler section
+};
+
 // Builds an engine for `model` on every rank (collective over the data-parallel group).
 // Validates everything first: a bad or unsupported setting is a ConfigError naming the key and
 // nothing about the model has changed.
-std::shared_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, const config::Config& config,
-                                   const InitializeOptions& options = {});
+Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::Config& config,
+                       const InitializeOptions& options = {});
 
 }  // namespace tessera

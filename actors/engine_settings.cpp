@@ -36,9 +36,16 @@ EngineSettings engine_settings(const config::Config& c) {
   } else if (c.bf16.enabled.value) {
     s.precision = Precision::bf16;
     s.fp32_master = !c.bf16.bf16_master_weights_and_grads;
-    s.optimizer.bf16_states = c.bf16.bf16_optimizer_states;
   }
-  if (c.torch_autocast.enabled) not_yet(c, "torch_autocast.enabled", "autocast");
+  if (c.torch_autocast.enabled) {
+    const auto& d = c.torch_autocast.dtype;
+    const bool bf16 = d == "bfloat16" || d == "torch.bfloat16" || d == "bf16";
+    if (!bf16)
+      throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") + "torch_autocast.dtype = \"" + d +
+                        "\": LibTorch's CPU autocast runs only bfloat16 (and fp16 autocast needs a grad scaler)");
+    s.autocast = true;
+    s.lower_precision_safe_modules = c.torch_autocast.lower_precision_safe_modules;
+  }
   if (c.zero_optimization.offload_optimizer.device.value != config::OffloadDevice::none)
     not_yet(c, "zero_optimization.offload_optimizer.device", "optimizer offload");
   if (c.zero_optimization.offload_param.device.value != config::OffloadDevice::none)
@@ -50,36 +57,39 @@ EngineSettings engine_settings(const config::Config& c) {
   s.overlap_comm = c.zero_optimization.overlap_comm;
   s.collective_timeout_ms = c.tessera.transport.collective_timeout_ms;
 
-  if (!c.optimizer) throw ConfigError("optimizer: the engine needs an `optimizer` section (type and params)");
-  const auto& o = *c.optimizer;
-  auto& opt = s.optimizer;
-  const bool bf16_states = opt.bf16_states;
-  switch (o.type) {
-    case config::OptimizerType::adam:
-      opt.kind = o.adam_w_mode ? optim::OptimizerKind::AdamW : optim::OptimizerKind::Adam;
-      break;
-    case config::OptimizerType::adamw: opt.kind = optim::OptimizerKind::AdamW; break;
-    case config::OptimizerType::sgd: opt.kind = optim::OptimizerKind::SGD; break;
-    case config::OptimizerType::adagrad: opt.kind = optim::OptimizerKind::Adagrad; break;
-    case config::OptimizerType::lion: opt.kind = optim::OptimizerKind::Lion; break;
+  s.bf16_optimizer_states = c.bf16.enabled.value && c.bf16.bf16_optimizer_states;
+  if (c.optimizer) {
+    const auto& o = *c.optimizer;
+    optim::OptimizerOptions opt;
+    switch (o.type) {
+      case config::OptimizerType::adam:
+        opt.kind = o.adam_w_mode ? optim::OptimizerKind::AdamW : optim::OptimizerKind::Adam;
+        break;
+      case config::OptimizerType::adamw: opt.kind = optim::OptimizerKind::AdamW; break;
+      case config::OptimizerType::sgd: opt.kind = optim::OptimizerKind::SGD; break;
+      case config::OptimizerType::adagrad: opt.kind = optim::OptimizerKind::Adagrad; break;
+      case config::OptimizerType::lion: opt.kind = optim::OptimizerKind::Lion; break;
+    }
+    if (!o.bias_correction) not_yet(c, "optimizer.params.bias_correction", "Adam without bias correction");
+    opt.lr = o.lr.value;
+    opt.beta1 = o.betas.value[0];
+    opt.beta2 = o.betas.value[1];
+    opt.eps = o.eps.value;
+    opt.weight_decay = o.weight_decay.value;
+    opt.amsgrad = o.amsgrad;
+    opt.momentum = o.momentum;
+    opt.dampening = o.dampening;
+    opt.nesterov = o.nesterov;
+    opt.lr_decay = o.lr_decay;
+    opt.initial_accumulator_value = o.initial_accumulator_value;
+    opt.bf16_states = s.bf16_optimizer_states;
+    s.optimizer = opt;
   }
-  if (!o.bias_correction) not_yet(c, "optimizer.params.bias_correction", "Adam without bias correction");
-  opt.lr = o.lr.value;
-  opt.beta1 = o.betas.value[0];
-  opt.beta2 = o.betas.value[1];
-  opt.eps = o.eps.value;
-  opt.weight_decay = o.weight_decay.value;
-  opt.amsgrad = o.amsgrad;
-  opt.momentum = o.momentum;
-  opt.dampening = o.dampening;
-  opt.nesterov = o.nesterov;
-  opt.lr_decay = o.lr_decay;
-  opt.initial_accumulator_value = o.initial_accumulator_value;
-  opt.bf16_states = bf16_states;
 
   auto& sch = s.schedule;
-  sch.base_lr = opt.lr;
+  sch.base_lr = s.optimizer ? s.optimizer->lr : 1e-3;
   if (c.scheduler) {
+    s.has_scheduler = true;
     const auto& p = *c.scheduler;
     switch (p.type) {
       case config::SchedulerType::warmup_lr: sch.kind = optim::ScheduleKind::WarmupLR; break;
@@ -102,10 +112,7 @@ EngineSettings engine_settings(const config::Config& c) {
     sch.cycle_first_stair_count = p.cycle_first_stair_count;
     if (p.cycle_second_stair_count > 0) sch.cycle_second_stair_count = p.cycle_second_stair_count;
     sch.decay_step_size = p.decay_step_size;
-    // DeepSpeed disables momentum cycling for optimizers without betas.
-    sch.cycle_momentum = p.cycle_momentum && (opt.kind == optim::OptimizerKind::Adam ||
-                                              opt.kind == optim::OptimizerKind::AdamW ||
-                                              opt.kind == optim::OptimizerKind::Lion);
+    sch.cycle_momentum = p.cycle_momentum;
     sch.cycle_min_mom = p.cycle_min_mom;
     sch.cycle_max_mom = p.cycle_max_mom;
     sch.decay_mom_rate = p.decay_mom_rate;
@@ -113,6 +120,16 @@ EngineSettings engine_settings(const config::Config& c) {
   }
   optim::LrSchedule validate_schedule(sch);  // throws ConfigError naming scheduler.params.<key>
   return s;
+}
+
+optim::ScheduleOptions group_schedule(const EngineSettings& settings, const optim::OptimizerOptions& group) {
+  auto sch = settings.schedule;
+  sch.base_lr = group.lr;
+  // DeepSpeed disables momentum cycling for optimizers without betas.
+  sch.cycle_momentum = sch.cycle_momentum && (group.kind == optim::OptimizerKind::Adam ||
+                                              group.kind == optim::OptimizerKind::AdamW ||
+                                              group.kind == optim::OptimizerKind::Lion);
+  return sch;
 }
 
 }  // namespace tessera::actors

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "core/config/config.h"
 #include "core/optim/loss_scaler.h"
@@ -28,14 +30,25 @@ struct EngineSettings {
   double max_grad_norm = 0.0;                // 0 = no clipping
   int64_t reduce_bucket_elements = 500'000'000;
   bool overlap_comm = false;                  // zero_optimization.overlap_comm
-  optim::OptimizerOptions optimizer;
-  optim::ScheduleOptions schedule;            // Constant when the config has no scheduler
+  std::optional<optim::OptimizerOptions> optimizer;  // the `optimizer` section, if any
+  bool bf16_optimizer_states = false;         // bf16.bf16_optimizer_states (any optimizer)
+  optim::ScheduleOptions schedule;            // Constant when the config has no scheduler; its
+                                              // base_lr and cycle_momentum are per group (below)
+  bool has_scheduler = false;
   int64_t schedule_offset = 0;                // scheduler.params.last_batch_iteration + 1
+  // torch_autocast: forward under CPU autocast in bf16; gradients of parameters owned by these
+  // module types are reduced in bf16.
+  bool autocast = false;
+  std::vector<std::string> lower_precision_safe_modules;
   int64_t collective_timeout_ms = 300'000;
 };
 
 // `config` must be resolved (no "auto" left). Throws ConfigError for missing or unsupported
-// settings (autocast, ZeRO-3, offload, tensor parallelism, no optimizer section).
+// settings (ZeRO-3, offload, tensor parallelism, fp16 autocast on CPU).
 EngineSettings engine_settings(const config::Config& config);
+
+// The schedule of one parameter group: the config's scheduler over that group's lr (DeepSpeed
+// cycles momentum only for optimizers with betas).
+optim::ScheduleOptions group_schedule(const EngineSettings& settings, const optim::OptimizerOptions& group);
 
 }  // namespace tessera::actors

@@ -30,21 +30,30 @@ struct ReducerState {
     if (issued.error) return;  // a failed issue already broke this reduction
     try {
       const auto& bucket = shared->plan.buckets[k];
-      const auto& grads = shared->flat->grad_buffer();
+      const auto& group = shared->groups[bucket.group];
+      const auto& grads = group.flat->grad_buffer();
       const int64_t length = bucket.end - bucket.begin;
+      const bool cast = group.comm_dtype != grads.scalar_type();  // autocast: reduce in bf16
       transport::ReduceOptions avg;
       avg.op = transport::ReduceOp::avg;
+      std::function<void()> finish;
       if (shared->plan.shape == zero::BucketShape::all_reduce) {
-        issued.works.push_back(shared->dp->all_reduce(grads.narrow(0, bucket.begin, length), avg));
+        auto range = grads.narrow(0, bucket.begin, length);
+        auto data = cast ? range.to(group.comm_dtype) : range;
+        issued.works.push_back(shared->dp->all_reduce(data, avg));
+        if (cast) finish = [range, data]() mutable { range.copy_(data); };
       } else {
         // Input: slice [r*P + begin, r*P + end) of every rank r, packed; output: our own slice.
-        const int64_t P = shared->flat->layout().partition_numel;
-        auto staging = at::empty({length * shared->world}, grads.options());
+        const int64_t P = group.flat->layout().partition_numel;
+        auto staging = at::empty({length * shared->world}, grads.options().dtype(group.comm_dtype));
         for (int r = 0; r < shared->world; ++r)
           staging.narrow(0, r * length, length).copy_(grads.narrow(0, r * P + bucket.begin, length));
         auto own = grads.narrow(0, shared->rank * P + bucket.begin, length);
-        issued.works.push_back(shared->dp->reduce_scatter(staging, own, avg));
+        auto out = cast ? at::empty({length}, staging.options()) : own;
+        issued.works.push_back(shared->dp->reduce_scatter(staging, out, avg));
+        if (cast) finish = [own, out]() mutable { own.copy_(out); };
       }
+      issued.finish.push_back(std::move(finish));
     } catch (...) {
       issued.error = std::current_exception();
     }

@@ -1,8 +1,11 @@
 // The gradient-reducer actor: turns "gradient ready" events from autograd into bucketed
 // reductions issued in the plan's fixed order while backward goes on.
 //
-// Stages 0/1 all-reduce (average) each bucket of the flat gradient buffer in place; stage 2
+// Stages 0/1 all-reduce (average) each bucket of a flat gradient buffer in place; stage 2
 // reduce-scatters (average) partition-aligned buckets so each rank receives its own partition.
+// A bucket of a flat group whose comm dtype is lower than its gradients' (autocast's
+// lower_precision_safe_modules) is reduced in a staging copy of that dtype and copied back
+// when the work completes (WorkList::finish).
 // With overlap_comm, bucket k is issued when all its parameters are ready and buckets 0..k-1 were
 // issued (without it, all buckets are issued in order when backward ends), so every
 // rank issues the same collectives in the same order whatever order autograd reports in.

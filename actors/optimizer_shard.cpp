@@ -20,50 +20,64 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 struct OptimizerShardState {
   std::shared_ptr<detail::EngineShared> shared;
-  std::shared_ptr<optim::FlatOptimizer> optimizer;
-  at::Tensor master;  // fp32 copy of our partition (mixed precision with fp32 master), else undefined
+  std::vector<std::shared_ptr<optim::FlatOptimizer>> optimizers;  // per flat group
   caf::actor reducer;
   caf::actor parameter_shard;
 
-  int64_t owned_rank() const { return shared->stage >= 1 ? shared->rank : 0; }
-
   // Global norm of the averaged gradients as torch::nn::utils::clip_grad_norm_ defines it, from
-  // our partition `g` (partition-relative): per-parameter squared norms summed across ranks when
-  // the partition does not hold every parameter; `g` is scaled in place when clipping.
-  double clip_partition(const at::Tensor& g, double max_norm) {
-    const auto& layout = shared->flat->layout();
-    const int64_t owned = owned_rank(), base = layout.partition_begin(owned);
-    auto sums = at::zeros({int64_t(layout.params.size())}, at::kDouble);
-    for (const auto& f : layout.fragments(owned))
-      sums[f.param_index] += g.narrow(0, f.flat_begin - base, f.length).to(at::kDouble).pow(2).sum();
+  // our partitions `g` (one per flat group, partition-relative): per-parameter squared norms,
+  // summed across ranks when partitions do not hold every parameter; each `g` is scaled in place.
+  double clip_partitions(const std::vector<at::Tensor>& g, double max_norm) {
+    const int64_t owned = shared->owned_rank();
+    auto sums = at::zeros({int64_t(shared->names.size())}, at::kDouble);
+    for (size_t k = 0; k < shared->groups.size(); ++k) {
+      const auto& group = shared->groups[k];
+      const auto& layout = group.flat->layout();
+      const int64_t base = layout.partition_begin(owned);
+      for (const auto& f : layout.fragments(owned))
+        sums[group.params[f.param_index]] += g[k].narrow(0, f.flat_begin - base, f.length).to(at::kDouble).pow(2).sum();
+    }
     if (shared->stage >= 1 && shared->world > 1) shared->dp->all_reduce(sums, transport::ReduceOptions{})->wait();
     auto total = sums.sqrt().to(at::kFloat).norm();
     auto coefficient = (max_norm / (total + 1e-6)).clamp_max(1.0);
-    g.mul_(coefficient.to(g.scalar_type()));
+    for (const auto& t : g) t.mul_(coefficient.to(t.scalar_type()));
     return total.item<double>();
   }
 
-  // One update of our partition; false when it was skipped (fp16 overflow).
+  const optim::StepHyperparameters& hp(const StepRequest& request, size_t group) const {
+    return request.hyperparameters.at(size_t(shared->groups[group].param_group));
+  }
+
+  // One update of our partitions; false when it was skipped (fp16 overflow).
   bool update(const StepRequest& request, StepReport& report) {
-    auto& flat = *shared->flat;
-    const int64_t owned = owned_rank();
-    auto param = flat.partition(owned);
-    auto grad = flat.grad_partition(owned);
-    if (!master.defined() && shared->dtype == at::kFloat) {
+    const int64_t owned = shared->owned_rank();
+    const auto& groups = shared->groups;
+    const bool fp32 = shared->dtype == at::kFloat;
+    if (fp32) {
+      std::vector<at::Tensor> grads;
+      for (const auto& group : groups) grads.push_back(group.flat->grad_partition(owned));
       if (request.max_grad_norm > 0) {
         // Every rank holds every averaged gradient at stages 0/1: LibTorch's own function, bitwise.
         report.grad_norm = shared->stage < 2 || shared->world == 1
-                               ? torch::nn::utils::clip_grad_norm_(flat.parameters(), request.max_grad_norm)
-                               : clip_partition(grad, request.max_grad_norm);
+                               ? torch::nn::utils::clip_grad_norm_(shared->parameters, request.max_grad_norm)
+                               : clip_partitions(grads, request.max_grad_norm);
       }
-      optimizer->step(param, grad, request.hyperparameters);
+      for (size_t k = 0; k < groups.size(); ++k)
+        optimizers[k]->step(groups[k].flat->partition(owned), grads[k], hp(request, k));
       return true;
     }
     // Mixed precision: unscale (fp16), check overflow on every rank, clip, update.
-    auto g = master.defined() ? grad.to(at::kFloat) : grad;
-    if (request.loss_scale != 1.0) g.mul_(1.0 / request.loss_scale);
+    std::vector<at::Tensor> grads;
+    bool finite = true;
+    for (const auto& group : groups) {
+      auto grad = group.flat->grad_partition(owned);
+      auto g = group.master.defined() ? grad.to(at::kFloat) : grad;
+      if (request.loss_scale != 1.0) g.mul_(1.0 / request.loss_scale);
+      if (shared->fp16) finite = finite && at::isfinite(g).all().item<bool>();
+      grads.push_back(g);
+    }
     if (shared->fp16) {
-      auto flag = at::full({1}, at::isfinite(g).all().item<bool>() ? 0.0f : 1.0f, at::kFloat);
+      auto flag = at::full({1}, finite ? 0.0f : 1.0f, at::kFloat);
       if (shared->world > 1) {
         transport::ReduceOptions max;
         max.op = transport::ReduceOp::max;
@@ -74,12 +88,15 @@ struct OptimizerShardState {
         return false;
       }
     }
-    if (request.max_grad_norm > 0) report.grad_norm = clip_partition(g, request.max_grad_norm);
-    if (master.defined()) {
-      optimizer->step(master, g, request.hyperparameters);
-      param.copy_(master);  // round to the parameters' dtype
-    } else {
-      optimizer->step(param, g, request.hyperparameters);
+    if (request.max_grad_norm > 0) report.grad_norm = clip_partitions(grads, request.max_grad_norm);
+    for (size_t k = 0; k < groups.size(); ++k) {
+      auto param = groups[k].flat->partition(owned);
+      if (groups[k].master.defined()) {
+        optimizers[k]->step(groups[k].master, grads[k], hp(request, k));
+        param.copy_(groups[k].master);  // round to the parameters' dtype
+      } else {
+        optimizers[k]->step(param, grads[k], hp(request, k));
+      }
     }
     return true;
   }
@@ -87,14 +104,13 @@ struct OptimizerShardState {
 
 caf::behavior optimizer_shard(caf::stateful_actor<OptimizerShardState>* self,
                               std::shared_ptr<detail::EngineShared> shared,
-                              std::shared_ptr<optim::FlatOptimizer> optimizer, caf::actor reducer,
+                              std::vector<std::shared_ptr<optim::FlatOptimizer>> optimizers, caf::actor reducer,
                               caf::actor parameter_shard) {
   auto& s = self->state;
   s.shared = std::move(shared);
-  s.optimizer = std::move(optimizer);
+  s.optimizers = std::move(optimizers);
   s.reducer = std::move(reducer);
   s.parameter_shard = std::move(parameter_shard);
-  s.master = s.shared->master;  // created by the engine (it also describes it in storage maps)
   const auto timeout = s.shared->timeout;
   return {
       [=](step_atom, const StepRequest& request) -> caf::result<StepReport> {
@@ -112,7 +128,7 @@ caf::behavior optimizer_shard(caf::stateful_actor<OptimizerShardState>* self,
                   try {
                     if (issued.error) std::rethrow_exception(issued.error);
                     auto t0 = std::chrono::steady_clock::now();
-                    for (auto& work : issued.works) work->wait();
+                    issued.wait_all();
                     report.reduction_wait_s = seconds_since(t0);
                     t0 = std::chrono::steady_clock::now();
                     const bool updated = st.update(request, report);
@@ -151,9 +167,9 @@ caf::behavior optimizer_shard(caf::stateful_actor<OptimizerShardState>* self,
 }  // namespace
 
 caf::actor spawn_optimizer_shard(caf::actor_system& system, std::shared_ptr<detail::EngineShared> shared,
-                                 std::shared_ptr<optim::FlatOptimizer> optimizer, caf::actor reducer,
+                                 std::vector<std::shared_ptr<optim::FlatOptimizer>> optimizers, caf::actor reducer,
                                  caf::actor parameter_shard) {
-  return system.spawn<caf::detached>(optimizer_shard, std::move(shared), std::move(optimizer), std::move(reducer),
+  return system.spawn<caf::detached>(optimizer_shard, std::move(shared), std::move(optimizers), std::move(reducer),
                                      std::move(parameter_shard));
 }
 

@@ -1,5 +1,6 @@
-// The optimizer-shard actor: owns the optimizer states of this rank's partition (stage 0: of the
-// whole buffer) and performs one update per `step`: wait for the reductions the gradient reducer
+// The optimizer-shard actor: owns the optimizer states of this rank's partition of every flat
+// group (stage 0: of the whole buffers; one FlatOptimizer per group, with its parameter group's
+// settings) and performs one update per `step`: wait for the reductions the gradient reducer
 // issued, clip by the global gradient norm, update the partition in place, then ask the
 // parameter shard to all-gather. Runs on its own thread (it blocks on collectives).
 //
@@ -12,6 +13,7 @@
 #include <caf/fwd.hpp>
 
 #include <memory>
+#include <vector>
 
 #include "core/optim/flat_optimizer.h"
 
@@ -22,7 +24,7 @@ struct EngineShared;
 }
 
 caf::actor spawn_optimizer_shard(caf::actor_system& system, std::shared_ptr<detail::EngineShared> shared,
-                                 std::shared_ptr<optim::FlatOptimizer> optimizer, caf::actor reducer,
+                                 std::vector<std::shared_ptr<optim::FlatOptimizer>> optimizers, caf::actor reducer,
                                  caf::actor parameter_shard);
 
 }  // namespace tessera::actors

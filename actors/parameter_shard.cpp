@@ -14,10 +14,14 @@ caf::behavior parameter_shard(caf::event_based_actor*, std::shared_ptr<detail::E
         GatherReport report;
         try {
           if (shared->stage >= 1 && shared->world > 1) {
-            const auto& flat = *shared->flat;
-            // The input is a copy: the output (the whole buffer) contains our own partition.
-            auto own = flat.partition(shared->rank).clone();
-            shared->dp->all_gather(own, flat.buffer())->wait();
+            // Issued for every group first, then waited for: the gathers overlap each other.
+            std::vector<std::shared_ptr<transport::Work>> works;
+            for (const auto& group : shared->groups) {
+              // The input is a copy: the output (the whole buffer) contains our own partition.
+              auto own = group.flat->partition(shared->rank).clone();
+              works.push_back(shared->dp->all_gather(own, group.flat->buffer()));
+            }
+            for (auto& work : works) work->wait();
           }
         } catch (...) {
           report.error = std::current_exception();

@@ -1,4 +1,4 @@
-// The parameter-shard actor: owns this rank's partition of the flat parameter buffer and, after
+// The parameter-shard actor: owns this rank's partition of the flat parameter buffers and, after
 // an update, all-gathers every rank's partition so each rank's module holds the new weights
 // (stages 1/2; stage 0 updates everything everywhere and gathers nothing). ZeRO-3 will partition
 // and prefetch here. Runs on its own thread: a gather blocks until its collective completes.

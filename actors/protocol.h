@@ -15,6 +15,7 @@
 #include <caf/all.hpp>
 
 #include <exception>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -32,11 +33,22 @@ using gather_atom = caf::atom_constant<caf::atom("gather")>;
 
 struct WorkList {
   std::vector<std::shared_ptr<transport::Work>> works;  // in issue order
+  // Per work, what must run after it completed (copy a reduction done in a lower-precision
+  // staging buffer back into the gradients), or nullptr.
+  std::vector<std::function<void()>> finish;
   std::exception_ptr error;                             // issuing failed
+
+  // Waits for every work in order and runs its finisher.
+  void wait_all() {
+    for (size_t i = 0; i < works.size(); ++i) {
+      works[i]->wait();
+      if (i < finish.size() && finish[i]) finish[i]();
+    }
+  }
 };
 
 struct StepRequest {
-  optim::StepHyperparameters hyperparameters;
+  std::vector<optim::StepHyperparameters> hyperparameters;  // per parameter group
   double max_grad_norm = 0.0;  // 0 = no clipping
   double loss_scale = 1.0;     // gradients are divided by it before anything else (fp16)
 };

@@ -1,5 +1,5 @@
 // Builds an engine's storage maps (storage_maps.h) from its shared state: one place that knows how
-// the flat buffers of stages 0/1/2 relate to the affine layer's ZeRO builders.
+// the flat groups of stages 0/1/2 relate to the affine layer's ZeRO builders.
 #pragma once
 
 #include <string>
@@ -10,7 +10,8 @@
 
 namespace tessera::actors {
 
+// `states[g]` are flat group g's optimizer states in `state_names` order.
 EngineStorage describe_storage(const detail::EngineShared& shared, const std::vector<std::string>& state_names,
-                               const std::vector<at::Tensor>& states);
+                               const std::vector<std::vector<at::Tensor>>& states);
 
 }  // namespace tessera::actors

@@ -9,6 +9,8 @@
 //             rank. For fp32 training the master IS the weights' partition: its buffer aliases "param".
 //   states    one kind per optimizer state ("exp_avg", "exp_avg_sq", "momentum_buffer", ...), laid
 //             out like "master". Undefined buffers before the first step (states are created then).
+// Each flat group (parameter group; with autocast also split by the gradients' comm dtype) has
+// its own buffers, keyed "<kind>/<group>" ("param/0", "exp_avg/1"); a map names its buffer.
 // Padding is never part of a map. Example: stage 2, 2 ranks, parameters a (3, 5) and b (7,), f32:
 // 22 elements padded to 24 (alignment 2 x 2 ranks), partitions of 12: "exp_avg" of a is Box((0,0)+(3,5))
 // on rank 0 at 0 ... split as run_boxes() cuts [0, 12) and [12, 15) of a's row-major order.
@@ -26,12 +28,15 @@ namespace tessera {
 
 struct StoredTensorMap {
   std::string kind;         // "param", "master", "exp_avg", ...
+  std::string buffer;       // key of the buffer it describes in EngineStorage::buffers
   affine::TensorMap map;    // map.name is the parameter's dotted name
 };
 
 struct EngineStorage {
   std::vector<StoredTensorMap> maps;
-  std::map<std::string, at::Tensor> buffers;  // this rank's flat buffer of each kind
+  std::map<std::string, at::Tensor> buffers;  // this rank's flat buffers, by "<kind>/<group>"
+
+  static std::string buffer_key(const std::string& kind, int64_t group) { return kind + "/" + std::to_string(group); }
 };
 
 }  // namespace tessera

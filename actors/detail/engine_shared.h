@@ -1,16 +1,30 @@
-// What the actors of one engine share by handle: the flat buffers (each actor touches only the
+// What the actors of one engine share by handle: the flat groups (each actor touches only the
 // part it owns at a given moment, in the order the protocol fixes), the bucket plan and the
 // data-parallel communicator. Built once by the engine, immutable afterwards.
+//
+// A flat group is one parameter group's parameters whose gradients are reduced in one dtype
+// (DeepSpeed's bit16 groups): with torch_autocast, a parameter group splits into the parameters
+// of lower_precision_safe_modules (reduced in the autocast dtype) and the rest.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/zero/bucket_plan.h"
 #include "core/zero/flat_parameters.h"
 #include "transport/communicator.h"
 
 namespace tessera::actors::detail {
+
+struct FlatGroup {
+  std::unique_ptr<zero::FlatParameters> flat;  // laid out for `world` (stage >= 1) or 1 (stage 0)
+  std::vector<int64_t> params;                 // model-wide indices of its parameters, ascending
+  int64_t param_group = 0;                     // the user's parameter group it belongs to
+  at::ScalarType comm_dtype = at::kFloat;      // gradients are reduced in this dtype
+  at::Tensor master;                           // fp32 master partition (mixed precision), else undefined
+};
 
 struct EngineShared {
   int64_t stage = 0;
@@ -21,13 +35,15 @@ struct EngineShared {
   int rank = 0;        // in the data-parallel group
   int world = 1;       // data-parallel size
   std::shared_ptr<transport::Communicator> dp;  // nullptr when world == 1
-  std::unique_ptr<zero::FlatParameters> flat;   // laid out for `world` (stage >= 1) or 1 (stage 0)
-  std::vector<std::string> names;               // dotted parameter names, flat order
-  std::vector<std::vector<int64_t>> shapes;     // parameter shapes, flat order
-  int64_t alignment = 1;                        // partition alignment (elements) of `flat`
-  at::Tensor master;                            // fp32 master partition (mixed precision), else undefined
-  zero::BucketPlan plan;
+  std::vector<FlatGroup> groups;
+  std::vector<std::string> names;               // dotted parameter names, model order
+  std::vector<std::vector<int64_t>> shapes;     // parameter shapes, model order
+  std::vector<at::Tensor> parameters;           // the module's trainable parameters, model order
+  int64_t alignment = 1;                        // partition alignment (elements) of every group
+  zero::BucketPlan plan;                        // over all groups, model-wide parameter indices
   std::chrono::milliseconds timeout{300000};
+
+  int64_t owned_rank() const { return stage >= 1 ? rank : 0; }  // the partition this rank updates
 };
 
 }  // namespace tessera::actors::detail

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
                              "\noverlap_comm = " + (overlap ? "true" : "false") +
                              "\nreduce_bucket_size = " + std::to_string(model_config.d_model * model_config.d_model) + "\n";
     auto engine = tessera::initialize(model.module(),
-                                      tessera::config::load_config_text(toml, tessera::config::Format::toml, "zero_step"));
+                                      tessera::config::load_config_text(toml, tessera::config::Format::toml, "zero_step"))
+                      .engine;
     std::vector<double> step_s, wait_s, update_s, gather_s;
     for (int s = 0; s < warmup + steps; ++s) {
       auto batch = corpus.batch(1, s, 0, micro * world, model_config.context, rank, world);

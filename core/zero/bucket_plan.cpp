@@ -49,4 +49,53 @@ BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, in
   return plan;
 }
 
+BucketPlan make_bucket_plan(const std::vector<FlatGroupLayout>& layouts,
+                            const std::vector<std::vector<int64_t>>& model_index, BucketShape shape,
+                            int64_t bucket_elements) {
+  if (layouts.size() != model_index.size())
+    throw Error("bucket plan: " + std::to_string(layouts.size()) + " groups but " + std::to_string(model_index.size()) +
+                " index lists");
+  int64_t total = 0;
+  for (const auto& ids : model_index) total += int64_t(ids.size());
+  std::vector<char> used(total, 0);
+  for (size_t g = 0; g < layouts.size(); ++g) {
+    if (model_index[g].size() != layouts[g].params.size())
+      throw Error("bucket plan: group " + std::to_string(g) + " has " + std::to_string(layouts[g].params.size()) +
+                  " parameters but " + std::to_string(model_index[g].size()) + " indices");
+    for (size_t i = 0; i < model_index[g].size(); ++i) {
+      const int64_t id = model_index[g][i];
+      if (id < 0 || id >= total || used[id] || (i > 0 && id <= model_index[g][i - 1]))
+        throw Error("bucket plan: group " + std::to_string(g) + " parameter " + std::to_string(i) + " has index " +
+                    std::to_string(id) + "; expected ascending indices used once in [0, " + std::to_string(total) + ")");
+      used[id] = 1;
+    }
+  }
+  // Each group's buckets with model-wide indices; the key is the latest parameter it holds.
+  std::vector<std::vector<Bucket>> per_group;
+  for (size_t g = 0; g < layouts.size(); ++g) {
+    auto plan = make_bucket_plan(layouts[g], shape, bucket_elements);
+    for (auto& b : plan.buckets) {
+      b.group = int64_t(g);
+      for (auto& p : b.params) p = model_index[g][p];
+    }
+    per_group.push_back(std::move(plan.buckets));
+  }
+  auto key = [](const Bucket& b) { return b.params.empty() ? int64_t(-1) : b.params.back(); };
+  BucketPlan plan;
+  plan.shape = shape;
+  plan.param_buckets.resize(total);
+  std::vector<size_t> next(per_group.size(), 0);
+  for (;;) {  // k-way merge of the groups' own orders
+    int64_t best = -1;
+    for (size_t g = 0; g < per_group.size(); ++g)
+      if (next[g] < per_group[g].size() && (best < 0 || key(per_group[g][next[g]]) > key(per_group[best][next[best]])))
+        best = int64_t(g);
+    if (best < 0) break;
+    plan.buckets.push_back(std::move(per_group[best][next[best]++]));
+  }
+  for (size_t k = 0; k < plan.buckets.size(); ++k)
+    for (int64_t p : plan.buckets[k].params) plan.param_buckets[p].push_back(int64_t(k));
+  return plan;
+}
+
 }  // namespace tessera::zero

@@ -12,6 +12,11 @@
 //
 // Example: 66 elements at dp 3 (P = 22), bucket_elements 30, all-reduce: buckets [36, 66), [6, 36),
 // [0, 6). Reduce-scatter with bucket_elements 30: slices of 10: [12, 22), [2, 12), [0, 2).
+//
+// Several flat groups (parameter groups, or gradients reduced in different dtypes) get one plan:
+// each group is cut as above and the groups' buckets are merged by the latest parameter (in
+// model order) each holds, latest first, ties to the lower group: the order backward tends to
+// finish them in, and the same on every rank.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +31,8 @@ enum class BucketShape { all_reduce, reduce_scatter };
 struct Bucket {
   int64_t begin = 0;  // flat (all_reduce) or partition-relative (reduce_scatter); end exclusive
   int64_t end = 0;
-  std::vector<int64_t> params;  // parameter indices overlapping the bucket, ascending
+  std::vector<int64_t> params;  // parameter indices overlapping the bucket, ascending (see below)
+  int64_t group = 0;            // the flat group whose buffer the range is in
 };
 
 struct BucketPlan {
@@ -35,7 +41,14 @@ struct BucketPlan {
   std::vector<std::vector<int64_t>> param_buckets;  // per parameter: its bucket indices
 };
 
-// Throws tessera::Error when bucket_elements < 1.
+// One group; parameter indices are the layout's. Throws tessera::Error when bucket_elements < 1.
 BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, int64_t bucket_elements);
+
+// Several groups; `model_index[g][i]` is the model-wide index of group g's parameter i (indices
+// 0..n-1, each used once, ascending within a group), and the plan's parameter indices are those.
+// Throws tessera::Error when the indices are not such a numbering.
+BucketPlan make_bucket_plan(const std::vector<FlatGroupLayout>& layouts,
+                            const std::vector<std::vector<int64_t>>& model_index, BucketShape shape,
+                            int64_t bucket_elements);
 
 }  // namespace tessera::zero

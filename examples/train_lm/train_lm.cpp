@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     options.facts.hidden_size = model_config.d_model;
     options.facts.lr = lr;
     options.facts.total_steps = steps;
-    auto engine = tessera::initialize(model.module(), config, options);
+    auto engine = tessera::initialize(model.module(), config, options).engine;
     const auto& resolved = engine->config();
     const int64_t micro = resolved.train_micro_batch_size_per_gpu.value;
     const int64_t accumulation = resolved.gradient_accumulation_steps.value;

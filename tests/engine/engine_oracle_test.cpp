@@ -67,7 +67,7 @@ std::map<std::string, torch::Tensor> snapshot(torch::nn::Module& m) {
 Result run_engine(const Setup& s) {
   tessera::nn::TinyGpt model(small_gpt());
   auto config = tessera::config::load_config_text(s.toml(), tessera::config::Format::toml, "engine_oracle_test");
-  auto engine = tessera::initialize(model.module(), config);
+  auto engine = tessera::initialize(model.module(), config).engine;
   REQUIRE(engine->world_size() == kWorld);
   Result r;
   for (int step = 0; step < s.steps; ++step) {
@@ -265,7 +265,7 @@ TEST_CASE("A second backward in the boundary micro-step is an error", "[engine]"
   tessera::nn::TinyGpt model(small_gpt());
   Setup s;
   auto engine = tessera::initialize(
-      model.module(), tessera::config::load_config_text(s.toml(), tessera::config::Format::toml, "t"));
+      model.module(), tessera::config::load_config_text(s.toml(), tessera::config::Format::toml, "t")).engine;
   auto batch = corpus().batch(1, 0, 0, s.global_batch, 16, kRank, kWorld);
   engine->backward(model.loss(batch.tokens, batch.targets));
   CHECK_THROWS_WITH(engine->backward(model.loss(batch.tokens, batch.targets)), Catch::Contains("called twice"));

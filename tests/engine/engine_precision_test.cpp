@@ -109,7 +109,7 @@ struct Run {
 Run run_engine(const Task& task, const std::string& toml, int steps, int accumulation = 1) {
   auto model = task.make_model();
   auto engine = tessera::initialize(
-      model, tessera::config::load_config_text(toml, tessera::config::Format::toml, "precision_test"));
+      model, tessera::config::load_config_text(toml, tessera::config::Format::toml, "precision_test")).engine;
   Run r;
   for (int step = 0; step < steps; ++step)
     for (int micro = 0; micro < accumulation; ++micro) {
@@ -276,7 +276,7 @@ TEST_CASE("fp16: manual backward of an unscaled loss is refused; scale(loss).bac
   const std::string fp16 = "[fp16]\nenabled = true\nloss_scale = 256\n";
   auto model = task.make_model();
   auto engine = tessera::initialize(
-      model, tessera::config::load_config_text(config_toml(1, fp16), tessera::config::Format::toml, "t"));
+      model, tessera::config::load_config_text(config_toml(1, fp16), tessera::config::Format::toml, "t")).engine;
   task.loss(*model, 0, 0, kRank).backward();  // unscaled, outside the engine
   CHECK_THROWS_WITH(engine->step(), Catch::Contains("did not scale"));
   engine->zero_grad();
@@ -284,7 +284,7 @@ TEST_CASE("fp16: manual backward of an unscaled loss is refused; scale(loss).bac
   auto reference = run_engine(task, config_toml(1, fp16), 3);
   auto manual_model = task.make_model();
   auto manual = tessera::initialize(
-      manual_model, tessera::config::load_config_text(config_toml(1, fp16), tessera::config::Format::toml, "t"));
+      manual_model, tessera::config::load_config_text(config_toml(1, fp16), tessera::config::Format::toml, "t")).engine;
   for (int step = 0; step < 3; ++step) {
     manual->scale(task.loss(*manual_model, step, 0, kRank)).backward();
     manual->step();

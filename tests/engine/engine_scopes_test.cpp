@@ -36,7 +36,8 @@ std::string toml(int stage, int accumulation = 1) {
 
 std::shared_ptr<tessera::Engine> make_engine(tessera::nn::TinyGpt& m, int stage, int accumulation = 1) {
   return tessera::initialize(m.module(), tessera::config::load_config_text(toml(stage, accumulation),
-                                                                           tessera::config::Format::toml, "scopes"));
+                                                                           tessera::config::Format::toml, "scopes"))
+      .engine;
 }
 
 using Params = std::map<std::string, torch::Tensor>;

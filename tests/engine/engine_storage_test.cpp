@@ -117,7 +117,7 @@ TEST_CASE("Storage maps rebuild weights, masters and AdamW states bitwise (fp32)
   for (int stage : {0, 1, 2}) {
     INFO("stage " << stage << " world " << kWorld);
     auto model = std::make_shared<Model>();
-    auto engine = tessera::initialize(model, tessera::config::load_config_text(config(stage), tessera::config::Format::toml, "s"));
+    auto engine = tessera::initialize(model, tessera::config::load_config_text(config(stage), tessera::config::Format::toml, "s")).engine;
     for (int step = 0; step < 3; ++step) {
       engine->backward(model->loss(step, kRank));
       engine->step();
@@ -125,10 +125,10 @@ TEST_CASE("Storage maps rebuild weights, masters and AdamW states bitwise (fp32)
     auto storage = engine->storage_maps();
     REQUIRE(storage.maps.size() == 4 * expected["param"].size());
     std::map<std::string, std::vector<torch::Tensor>> gathered;
-    for (const auto& [kind, buffer] : storage.buffers) gathered[kind] = gather(buffer);
-    for (const auto& [kind, map] : storage.maps) {
+    for (const auto& [key, buffer] : storage.buffers) gathered[key] = gather(buffer);
+    for (const auto& [kind, buffer, map] : storage.maps) {
       INFO(kind << " of " << map.name);
-      auto full = rebuild(map, gathered.at(kind));
+      auto full = rebuild(map, gathered.at(buffer));
       CHECK_FALSE(torch::isnan(full).any().item<bool>());
       if (kWorld <= 2) CHECK(torch::equal(full, expected.at(kind).at(map.name)));
       else CHECK(torch::allclose(full, expected.at(kind).at(map.name), 1e-4, 1e-6));
@@ -136,14 +136,14 @@ TEST_CASE("Storage maps rebuild weights, masters and AdamW states bitwise (fp32)
     // Negative control: rank 0's and rank 1's storage swapped in a partitioned map must not rebuild
     // the oracle (the planner accepts the map; the data it names is then wrong).
     if (stage >= 1 && kWorld >= 2) {
-      for (const auto& [kind, map] : storage.maps) {
+      for (const auto& [kind, buffer, map] : storage.maps) {
         if (kind != "exp_avg" || map.name != "gpt.wte.weight") continue;
         auto swapped = map;
         std::swap(swapped.ranks.at(0), swapped.ranks.at(1));
         bool refused = false;
         torch::Tensor full;
         try {
-          full = rebuild(swapped, gathered.at(kind));
+          full = rebuild(swapped, gathered.at(buffer));
         } catch (const tessera::Error&) {
           refused = true;
         }
@@ -156,21 +156,21 @@ TEST_CASE("Storage maps rebuild weights, masters and AdamW states bitwise (fp32)
 TEST_CASE("Storage maps of bf16 training: bf16 weights, fp32 master partitions", "[engine][storage]") {
   auto model = std::make_shared<Model>();
   auto engine = tessera::initialize(
-      model, tessera::config::load_config_text(config(2, "[bf16]\nenabled = true\n"), tessera::config::Format::toml, "s"));
+      model, tessera::config::load_config_text(config(2, "[bf16]\nenabled = true\n"), tessera::config::Format::toml, "s")).engine;
   for (int step = 0; step < 2; ++step) {
     engine->backward(model->loss(step, kRank));
     engine->step();
   }
   auto storage = engine->storage_maps();
-  CHECK(storage.buffers.at("param").scalar_type() == torch::kBFloat16);
-  CHECK(storage.buffers.at("master").scalar_type() == torch::kFloat);
+  CHECK(storage.buffers.at("param/0").scalar_type() == torch::kBFloat16);
+  CHECK(storage.buffers.at("master/0").scalar_type() == torch::kFloat);
   std::map<std::string, std::vector<torch::Tensor>> gathered;
-  for (const auto& [kind, buffer] : storage.buffers) gathered[kind] = gather(buffer);
+  for (const auto& [key, buffer] : storage.buffers) gathered[key] = gather(buffer);
   auto named = model->named_parameters();
-  for (const auto& [kind, map] : storage.maps) {
+  for (const auto& [kind, buffer, map] : storage.maps) {
     if (kind != "param" && kind != "master") continue;
     INFO(kind << " of " << map.name);
-    auto full = rebuild(map, gathered.at(kind));
+    auto full = rebuild(map, gathered.at(buffer));
     CHECK_FALSE(torch::isnan(full).any().item<bool>());
     // The weights are the master rounded to bf16, bit for bit.
     if (kind == "param") CHECK(torch::equal(full, named[map.name].detach()));

@@ -3,7 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <random>
+#include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "core/zero/bucket_plan.h"
 
@@ -56,6 +58,72 @@ TEST_CASE("Random layouts: buckets tile the buffer and list their parameters exa
       }
       REQUIRE(expected_end == 0);
       for (int64_t i = 0; i < n; ++i) REQUIRE(plan.param_buckets[i].empty() == (numels[i] == 0));
+    }
+  }
+}
+
+TEST_CASE("Several groups: one plan, merged by the latest parameter, model-wide indices", "[zero][buckets]") {
+  // Model order a0 b1 a2 b3: group A holds {0, 2}, group B {1, 3}.
+  auto a = make_flat_group_layout({"a0", "a2"}, {10, 10}, 2);
+  auto b = make_flat_group_layout({"b1", "b3"}, {10, 10}, 2);
+  auto plan = make_bucket_plan({a, b}, {{0, 2}, {1, 3}}, BucketShape::all_reduce, 10);
+  REQUIRE(plan.buckets.size() == 4);
+  // Latest parameter first: b3, a2, b1, a0.
+  CHECK((plan.buckets[0].group == 1 && plan.buckets[0].params == std::vector<int64_t>{3}));
+  CHECK((plan.buckets[1].group == 0 && plan.buckets[1].params == std::vector<int64_t>{2}));
+  CHECK((plan.buckets[2].group == 1 && plan.buckets[2].params == std::vector<int64_t>{1}));
+  CHECK((plan.buckets[3].group == 0 && plan.buckets[3].params == std::vector<int64_t>{0}));
+  CHECK(plan.param_buckets[2] == std::vector<int64_t>{1});
+  // A bucket spanning two parameters takes the latest as its key; reduce-scatter likewise.
+  auto rs = make_bucket_plan({a, b}, {{0, 2}, {1, 3}}, BucketShape::reduce_scatter, 40);
+  REQUIRE(rs.buckets.size() == 2);
+  CHECK((rs.buckets[0].group == 1 && rs.buckets[1].group == 0));
+  CHECK(rs.param_buckets[0] == std::vector<int64_t>{1});
+  // Bad numberings are refused.
+  CHECK_THROWS(make_bucket_plan({a, b}, {{0, 2}, {2, 3}}, BucketShape::all_reduce, 10));
+  CHECK_THROWS(make_bucket_plan({a, b}, {{2, 0}, {1, 3}}, BucketShape::all_reduce, 10));
+  CHECK_THROWS(make_bucket_plan({a}, {{0, 1}, {2}}, BucketShape::all_reduce, 10));
+}
+
+TEST_CASE("Random group splits: every bucket of every group once, merged by their latest parameter", "[zero][buckets]") {
+  std::mt19937_64 rng(9);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int64_t n = 3 + rng() % 8, groups = 1 + rng() % 3, dp = 1 + rng() % 3;
+    std::vector<std::vector<int64_t>> ids(groups);
+    std::vector<std::vector<std::string>> names(groups);
+    std::vector<std::vector<int64_t>> numels(groups);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto g = i < groups ? i : int64_t(rng() % groups);  // no group is empty
+      ids[g].push_back(i), names[g].push_back("p" + std::to_string(i)), numels[g].push_back(1 + rng() % 20);
+    }
+    std::vector<FlatGroupLayout> layouts;
+    for (int64_t g = 0; g < groups; ++g) layouts.push_back(make_flat_group_layout(names[g], numels[g], dp));
+    for (auto shape : {BucketShape::all_reduce, BucketShape::reduce_scatter}) {
+      const int64_t size = 1 + rng() % 25;
+      auto plan = make_bucket_plan(layouts, ids, shape, size);
+      // Exactly each group's own buckets (same ranges), in some order.
+      std::multiset<std::tuple<int64_t, int64_t, int64_t>> expected, got;
+      for (int64_t g = 0; g < groups; ++g)
+        for (const auto& b : make_bucket_plan(layouts[g], shape, size).buckets) expected.insert({g, b.begin, b.end});
+      for (const auto& b : plan.buckets) got.insert({b.group, b.begin, b.end});
+      REQUIRE(got == expected);
+      // Each group's buckets keep their own order, and every pick is the latest head of all groups.
+      std::vector<size_t> head(groups, 0);
+      std::vector<std::vector<Bucket>> own;
+      for (int64_t g = 0; g < groups; ++g) own.push_back(make_bucket_plan(layouts[g], shape, size).buckets);
+      for (const auto& bucket : plan.buckets) {
+        INFO("group " << bucket.group << " [" << bucket.begin << ", " << bucket.end << ")");
+        REQUIRE_FALSE(bucket.params.empty());
+        const auto& mine = own[bucket.group][head[bucket.group]];
+        REQUIRE((mine.begin == bucket.begin && mine.end == bucket.end));
+        for (int64_t g = 0; g < groups; ++g)
+          if (head[g] < own[g].size() && g != bucket.group)
+            REQUIRE(ids[g][own[g][head[g]].params.back()] < bucket.params.back());
+        ++head[bucket.group];
+        for (auto p : bucket.params)
+          REQUIRE(std::find(ids[bucket.group].begin(), ids[bucket.group].end(), p) != ids[bucket.group].end());
+      }
+      for (int64_t i = 0; i < n; ++i) REQUIRE_FALSE(plan.param_buckets[i].empty());
     }
   }
 }
