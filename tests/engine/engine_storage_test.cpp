@@ -177,3 +177,54 @@ TEST_CASE("Storage maps of bf16 training: bf16 weights, fp32 master partitions",
     else CHECK(torch::equal(full.to(torch::kBFloat16), named[map.name].detach()));
   }
 }
+
+TEST_CASE("Storage maps of two parameter groups: each group's own buffers, states bitwise", "[engine][storage][groups]") {
+  auto is_vector = [](const torch::Tensor& p) { return p.dim() < 2; };
+  auto make_groups = [&](Model& m) {
+    std::vector<torch::Tensor> matrices, vectors;
+    for (auto& p : m.parameters()) (is_vector(p) ? vectors : matrices).push_back(p);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(matrices, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(3e-3).weight_decay(0.01)));
+    groups.emplace_back(vectors, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-3).weight_decay(0.0)));
+    return groups;
+  };
+  auto oracle = std::make_shared<Model>();
+  torch::optim::AdamW opt(make_groups(*oracle), torch::optim::AdamWOptions(3e-3));
+  auto params = oracle->parameters();
+  for (int step = 0; step < 3; ++step) {
+    average_rank_gradients(params, [&](int rank) { return oracle->loss(step, rank); });
+    opt.step();
+  }
+  for (int stage : {1, 2}) {
+    INFO("stage " << stage << " world " << kWorld);
+    auto model = std::make_shared<Model>();
+    tessera::InitializeOptions options;
+    options.param_groups.resize(2);
+    for (auto& item : model->named_parameters()) options.param_groups[is_vector(item.value()) ? 1 : 0].names.push_back(item.key());
+    options.param_groups[1].lr = 1e-3;
+    options.param_groups[1].weight_decay = 0.0;
+    auto engine = tessera::initialize(model, tessera::config::load_config_text(config(stage), tessera::config::Format::toml, "s"), options).engine;
+    for (int step = 0; step < 3; ++step) {
+      engine->backward(model->loss(step, kRank));
+      engine->step();
+    }
+    auto storage = engine->storage_maps();
+    CHECK(storage.buffers.count("exp_avg/1") == 1);
+    std::map<std::string, std::vector<torch::Tensor>> gathered;
+    for (const auto& [key, buffer] : storage.buffers) gathered[key] = gather(buffer);
+    auto named = oracle->named_parameters();
+    for (const auto& [kind, buffer, map] : storage.maps) {
+      INFO(kind << " of " << map.name << " in " << buffer);
+      const auto& p = named[map.name];
+      CHECK(buffer == kind + (is_vector(p) ? "/1" : "/0"));
+      torch::Tensor expected = p.detach();
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+      if (kind == "exp_avg") expected = state.exp_avg();
+      if (kind == "exp_avg_sq") expected = state.exp_avg_sq();
+      auto full = rebuild(map, gathered.at(buffer));
+      CHECK_FALSE(torch::isnan(full).any().item<bool>());
+      if (kWorld <= 2) CHECK(torch::equal(full, expected));
+      else CHECK(torch::allclose(full, expected, 1e-4, 1e-6));
+    }
+  }
+}
