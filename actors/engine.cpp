@@ -79,7 +79,16 @@ struct Engine::Impl {
     return true;
   }
   void zero_flat_grads() {
-    for (auto& g : shared->groups) g.flat->zero_grad();
+    for (auto& g : shared->groups) {
+      g.flat->zero_grad();
+      if (g.accum.defined()) g.accum.zero_();
+    }
+  }
+  // After a backward that reduces nothing: its low-precision gradients go into the fp32
+  // accumulators (a reducing backward's are folded bucket by bucket by the reducer).
+  void fold_all() {
+    for (auto& g : shared->groups)
+      if (g.accum.defined()) g.fold(0, g.flat->layout().padded_numel);
   }
   // Whether a backward now must reduce: at a boundary, outside no_sync and coalesce blocks.
   bool reduces_now() const { return boundary() && no_sync_depth == 0 && !coalescing; }
@@ -215,6 +224,10 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       group.param_group = int64_t(g);
       group.comm_dtype = low ? at::kBFloat16 : dtype;
       if (shared->fp32_master) group.master = group.flat->partition(shared->owned_rank()).to(at::kFloat);
+      if (settings.fp32_grad_accumulation) {
+        group.accum = at::zeros({group.flat->layout().padded_numel}, at::kFloat);
+        group.comm_dtype = at::kFloat;
+      }
       layouts.push_back(group.flat->layout());
       model_index.push_back(ids);
       impl->optimizers.push_back(optim::make_flat_optimizer(groups[g].options));
@@ -241,6 +254,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       },
       [raw, reducer] {
         if (raw->reducing.load()) caf::anon_send(reducer, actors::flush_atom::value);
+        else raw->fold_all();
         raw->reducing = false;
         raw->armed = false;
       });

@@ -21,7 +21,9 @@
 // Precision: fp32; bf16 with fp32 master weights (or bf16 master with bf16.bf16_master_weights_
 // and_grads, bf16 optimizer states with bf16_optimizer_states); fp16 with fp32 master and dynamic
 // or static loss scaling, overflowing steps skipped on every rank, counted and logged. Gloo has
-// no bf16/fp16 arithmetic: those gradients are reduced in fp32 and rounded once.
+// no bf16/fp16 arithmetic: those gradients are reduced in fp32 and rounded once. Gradients
+// accumulate across micro-steps in the model's dtype (DeepSpeed's default), or in an fp32
+// buffer that is reduced in fp32 with data_types.grad_accum_dtype = "fp32".
 // torch_autocast runs forward() under CPU autocast in bf16 (fp32 weights) and reduces the
 // gradients of lower_precision_safe_modules in bf16 (actors/autocast.h).
 // Parameter groups (param_group.h) or a client torch::optim optimizer give per-group settings.

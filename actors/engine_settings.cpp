@@ -37,6 +37,19 @@ EngineSettings engine_settings(const config::Config& c) {
     s.precision = Precision::bf16;
     s.fp32_master = !c.bf16.bf16_master_weights_and_grads;
   }
+  {
+    const auto& a = c.data_types.grad_accum_dtype;
+    const bool fp32 = a == "fp32" || a == "float32" || a == "float";
+    const bool half = a == "fp16" || a == "float16" || a == "half";
+    const bool bf16 = a == "bf16" || a == "bfloat16";
+    const auto where = (c.source.empty() ? std::string() : c.source + ": ") + "data_types.grad_accum_dtype = \"" + a + "\"";
+    if ((half && s.precision != Precision::fp16) || (bf16 && s.precision != Precision::bf16))
+      throw ConfigError(where + ": gradients accumulate in the model's dtype or in fp32; this model trains in " +
+                        (s.precision == Precision::fp32 ? "fp32" : s.precision == Precision::bf16 ? "bf16" : "fp16"));
+    s.fp32_grad_accumulation = fp32 && s.precision != Precision::fp32;
+    if (s.fp32_grad_accumulation && !s.fp32_master)
+      throw ConfigError(where + " needs fp32 master weights (bf16.bf16_master_weights_and_grads = false)");
+  }
   if (c.torch_autocast.enabled) {
     const auto& d = c.torch_autocast.dtype;
     const bool bf16 = d == "bfloat16" || d == "torch.bfloat16" || d == "bf16";

@@ -25,6 +25,9 @@ struct EngineSettings {
   int64_t stage = 0;
   Precision precision = Precision::fp32;  // of the module's parameters and gradients
   bool fp32_master = false;               // bf16/fp16: fp32 master weights of the partition
+  // bf16/fp16 with data_types.grad_accum_dtype = fp32: gradients accumulate across micro-steps in
+  // an fp32 buffer, which is what gets reduced (in fp32) and stepped.
+  bool fp32_grad_accumulation = false;
   optim::LossScalerOptions loss_scaler;   // fp16 only
   int64_t gradient_accumulation_steps = 1;
   double max_grad_norm = 0.0;                // 0 = no clipping

@@ -31,8 +31,16 @@ struct ReducerState {
     try {
       const auto& bucket = shared->plan.buckets[k];
       const auto& group = shared->groups[bucket.group];
-      const auto& grads = group.flat->grad_buffer();
       const int64_t length = bucket.end - bucket.begin;
+      if (group.accum.defined()) {  // this bucket's gradients are final: fold them first
+        if (shared->plan.shape == zero::BucketShape::all_reduce) {
+          group.fold(bucket.begin, length);
+        } else {
+          for (int r = 0; r < shared->world; ++r)
+            group.fold(r * group.flat->layout().partition_numel + bucket.begin, length);
+        }
+      }
+      const auto& grads = group.gradients();
       const bool cast = group.comm_dtype != grads.scalar_type();  // autocast: reduce in bf16
       transport::ReduceOptions avg;
       avg.op = transport::ReduceOp::avg;

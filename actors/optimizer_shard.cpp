@@ -70,8 +70,8 @@ struct OptimizerShardState {
     std::vector<at::Tensor> grads;
     bool finite = true;
     for (const auto& group : groups) {
-      auto grad = group.flat->grad_partition(owned);
-      auto g = group.master.defined() ? grad.to(at::kFloat) : grad;
+      auto grad = group.gradient_partition(owned);
+      auto g = group.master.defined() ? grad.to(at::kFloat) : grad;  // the fp32 accumulator: itself
       if (request.loss_scale != 1.0) g.mul_(1.0 / request.loss_scale);
       if (shared->fp16) finite = finite && at::isfinite(g).all().item<bool>();
       grads.push_back(g);

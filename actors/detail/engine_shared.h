@@ -24,6 +24,23 @@ struct FlatGroup {
   int64_t param_group = 0;                     // the user's parameter group it belongs to
   at::ScalarType comm_dtype = at::kFloat;      // gradients are reduced in this dtype
   at::Tensor master;                           // fp32 master partition (mixed precision), else undefined
+  // fp32 gradient accumulator laid out like the flat buffers (data_types.grad_accum_dtype = fp32
+  // with bf16/fp16), else undefined. The low-precision gradients of each backward are folded
+  // into it (and zeroed); it is what gets reduced and stepped.
+  at::Tensor accum;
+
+  // Adds the flat gradient range [begin, begin + length) into `accum` and zeroes it.
+  void fold(int64_t begin, int64_t length) const {
+    auto g = flat->grad_buffer().narrow(0, begin, length);
+    accum.narrow(0, begin, length).add_(g);
+    g.zero_();
+  }
+  // What gets reduced and stepped: the accumulator, or the flat gradients.
+  const at::Tensor& gradients() const { return accum.defined() ? accum : flat->grad_buffer(); }
+  at::Tensor gradient_partition(int64_t rank) const {
+    const auto& l = flat->layout();
+    return gradients().narrow(0, l.partition_begin(rank), l.partition_numel);
+  }
 };
 
 struct EngineShared {

@@ -89,6 +89,15 @@ struct Bf16Config {
   TESSERA_CONFIG_EQ(Bf16Config)
 };
 
+// data_types: the dtype gradients accumulate in across micro-steps. Empty: the model's dtype
+// (DeepSpeed's default); "fp32" with bf16/fp16 keeps an fp32 gradient accumulator that is also
+// what gets reduced (fp32, float32, float, fp16, float16, half, bf16, bfloat16 accepted).
+struct DataTypesConfig {
+  std::string grad_accum_dtype;
+  auto tie() const { return std::tie(grad_accum_dtype); }
+  TESSERA_CONFIG_EQ(DataTypesConfig)
+};
+
 // torch_autocast: torch.autocast around forward; lower_precision_safe_modules are also reduced
 // and gathered in `dtype`.
 struct TorchAutocastConfig {
@@ -313,6 +322,7 @@ struct Config {
   Fp16Config fp16;
   Bf16Config bf16;
   TorchAutocastConfig torch_autocast;
+  DataTypesConfig data_types;
   std::optional<OptimizerConfig> optimizer;  // absent: the caller brings its own optimizer
   std::optional<SchedulerConfig> scheduler;
   ZeroConfig zero_optimization;
@@ -331,7 +341,7 @@ struct Config {
 
   auto tie() const {
     return std::tie(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
-                    steps_per_print, wall_clock_breakdown, fp16, bf16, torch_autocast, optimizer, scheduler,
+                    steps_per_print, wall_clock_breakdown, fp16, bf16, torch_autocast, data_types, optimizer, scheduler,
                     zero_optimization, tensor_parallel, compile, tessera, passthrough);
   }
   TESSERA_CONFIG_EQ(Config)

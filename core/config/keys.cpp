@@ -52,7 +52,6 @@ const KeyRule kRules[] = {
     {"", "sparse_gradients", U, "false", "sparse gradient reduction"},
     {"", "fp32_allreduce", U, "false", "fp32 gradient all-reduce of 16-bit gradients"},
     {"", "amp", U, "field:enabled", "NVIDIA Apex AMP"},
-    {"", "data_types", U, "field:grad_accum_dtype", "a separate gradient-accumulation dtype"},
     {"", "sparse_attention", U, "", "sparse attention kernels"},
     {"", "data_efficiency", U, "field:enabled", "data sampling and routing"},
     {"", "curriculum_learning", U, "field:enabled", "curriculum learning"},

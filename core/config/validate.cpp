@@ -101,6 +101,12 @@ class Checker {
       error("torch_autocast.enabled", std::string("torch_autocast cannot be combined with ") + (fp16_on ? "fp16" : "bf16") +
                                           ".enabled; use one mixed-precision mode");
     }
+    static const char* const kAccum[] = {"", "fp32", "float32", "float", "fp16", "float16", "half", "bf16", "bfloat16"};
+    const auto& accum = c_.data_types.grad_accum_dtype;
+    if (std::find(std::begin(kAccum), std::end(kAccum), accum) == std::end(kAccum)) {
+      error("data_types.grad_accum_dtype", "expected fp32, fp16 or bf16 (float32, float, float16, half, bfloat16), got \"" +
+                                               accum + "\"");
+    }
     if (c_.bf16.bf16_optimizer_states && !c_.bf16.bf16_master_weights_and_grads) {
       error("bf16.bf16_optimizer_states", "true needs bf16.bf16_master_weights_and_grads true");
     }

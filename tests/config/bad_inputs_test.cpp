@@ -123,6 +123,7 @@ const BadInput kBadInputs[] = {
     {"autocast with bf16", J, R"({"bf16": {"enabled": true}, "torch_autocast": {"enabled": true}})", "torch_autocast.enabled",
      "cannot be combined with bf16.enabled"},
     {"autocast dtype", J, R"({"torch_autocast": {"dtype": "int8"}})", "torch_autocast.dtype", "expected bfloat16 or float16"},
+    {"grad_accum_dtype", J, R"({"data_types": {"grad_accum_dtype": "int8"}})", "data_types.grad_accum_dtype", "expected fp32, fp16 or bf16"},
     {"ZeRO++ with stage 2", J, R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true}})",
      "zero_optimization.zero_quantized_weights", "ZeRO++ extends ZeRO stage 3, but zero_optimization.stage is 2"},
     {"AutoTP with stage 3", J, R"({"zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 4}})",

@@ -257,6 +257,8 @@ TEST_CASE("Bad settings are refused before the model changes", "[engine]") {
                     Catch::Contains("fp16") && Catch::Contains("bf16"));
   CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[zero_optimization]\nstage = 1\n")),
                     Catch::Contains("optimizer"));
+  CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[data_types]\ngrad_accum_dtype = \"bf16\"\n" + opt)),
+                    Catch::Contains("data_types.grad_accum_dtype") && Catch::Contains("trains in fp32"));
   auto after = snapshot(*model.module());
   for (auto& [name, p] : before) CHECK(torch::equal(p, after[name]));
 }

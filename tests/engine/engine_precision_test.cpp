@@ -90,6 +90,8 @@ struct Precision {
   bool bf16_states = false;
   double loss_scale = 1.0;  // fp16: the scale of every update, unless scale_at says otherwise
   std::function<double(int)> scale_at;  // fp16: the scale of update `step`
+  bool fp32_accumulation = false;  // data_types.grad_accum_dtype = fp32: micro-step gradients summed
+                                   // in fp32 and reduced in fp32 (no rounding to the dtype)
 };
 
 std::string config_toml(int stage, const std::string& precision_section, int accumulation = 1) {
@@ -142,21 +144,29 @@ Run run_oracle(const Task& task, const Precision& p, int steps, int accumulation
     std::vector<torch::Tensor> sums(params.size());
     for (int rank = 0; rank < kWorld; ++rank) {
       for (auto& q : params) q.mutable_grad() = torch::Tensor();
+      std::vector<torch::Tensor> accumulated(params.size());
       for (int micro = 0; micro < accumulation; ++micro) {
         auto loss = task.loss(*model, step, micro, rank);
         auto scaled = accumulation > 1 ? loss / double(accumulation) : loss;
         if (p.dtype == torch::kHalf) scaled = scaled.to(torch::kFloat) * scale;
         scaled.backward();
+        if (p.fp32_accumulation)
+          for (size_t i = 0; i < params.size(); ++i) {
+            auto g = params[i].grad().to(torch::kFloat);
+            accumulated[i] = micro == 0 ? g : accumulated[i].add_(g);
+            params[i].mutable_grad() = torch::Tensor();
+          }
       }
       for (size_t i = 0; i < params.size(); ++i) {
-        auto g = params[i].grad().to(torch::kFloat);
+        auto g = p.fp32_accumulation ? accumulated[i] : params[i].grad().to(torch::kFloat);
         sums[i] = rank == 0 ? g : sums[i].add_(g);
       }
     }
     bool finite = true;
     std::vector<torch::Tensor> grads;
     for (size_t i = 0; i < params.size(); ++i) {
-      auto averaged = sums[i].div_(kWorld).to(p.dtype);  // the reduced low-precision gradient
+      // The reduced gradient: rounded once to the dtype, unless it was accumulated in fp32.
+      auto averaged = p.fp32_accumulation ? sums[i].div_(kWorld) : sums[i].div_(kWorld).to(p.dtype);
       auto g = p.fp32_master ? averaged.to(torch::kFloat) : averaged;
       if (scale != 1.0) g.mul_(1.0 / scale);
       finite = finite && torch::isfinite(g).all().item<bool>();
@@ -221,6 +231,26 @@ TEST_CASE("bf16 master weights and bf16 optimizer states equal the oracle", "[en
       4);
   if (kWorld <= 2) expect_bitwise(engine, oracle);
   else CHECK(relative_l2(engine, oracle) <= 5e-3);
+}
+
+TEST_CASE("bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype) equals the oracle", "[engine][bf16]") {
+  auto task = gpt_task();
+  Precision p{torch::kBFloat16};
+  p.fp32_accumulation = true;
+  auto oracle = run_oracle(task, p, 3, 3);
+  Precision bf16_accumulation{torch::kBFloat16};
+  auto control = run_oracle(task, bf16_accumulation, 3, 3);
+  for (int stage : {0, 1, 2}) {
+    INFO("stage " << stage << " world " << kWorld);
+    auto engine = run_engine(
+        task, config_toml(stage, "[bf16]\nenabled = true\n[data_types]\ngrad_accum_dtype = \"fp32\"\n", 3), 3, 3);
+    if (kWorld <= 2) expect_bitwise(engine, oracle);
+    else CHECK(relative_l2(engine, oracle) <= 2e-3);
+    // Negative control: accumulating in bf16 gives other weights.
+    bool differs = false;
+    for (const auto& [name, q] : control.params) differs = differs || !torch::equal(q, engine.params.at(name));
+    CHECK(differs);
+  }
 }
 
 TEST_CASE("bf16 training lowers the loss", "[engine][bf16]") {

@@ -36,6 +36,8 @@ template <class V> void visit(TorchAutocastConfig& c, V& v) {
   v.field("lower_precision_safe_modules", c.lower_precision_safe_modules);
 }
 
+template <class V> void visit(DataTypesConfig& c, V& v) { v.field("grad_accum_dtype", c.grad_accum_dtype); }
+
 // optimizer.params
 template <class V> void visit(OptimizerConfig& c, V& v) {
   const bool adam = c.type == OptimizerType::adam || c.type == OptimizerType::adamw;
@@ -183,6 +185,7 @@ template <class V> void visit(Config& c, V& v) {
   v.section("fp16", c.fp16);
   v.section("bf16", c.bf16);
   v.section("torch_autocast", c.torch_autocast);
+  v.section("data_types", c.data_types);
   v.section("zero_optimization", c.zero_optimization);
   v.section("tensor_parallel", c.tensor_parallel);
   v.section("compile", c.compile);
