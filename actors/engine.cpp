@@ -55,6 +55,7 @@ struct Engine::Impl {
   std::atomic<bool> double_boundary_backward{false};  // a second unscoped backward at a boundary
   double last_grad_norm = -1;
   StepTiming timing;
+  std::exception_ptr backward_error;  // a reduction at the end of a backward failed
 
   bool boundary() const { return (micro + 1) % settings.gradient_accumulation_steps == 0; }
   // DeepSpeed steps the scheduler only after updates that were not skipped.
@@ -82,7 +83,39 @@ struct Engine::Impl {
     for (auto& g : shared->groups) {
       g.flat->zero_grad();
       if (g.accum.defined()) g.accum.zero_();
+      if (g.reduced.defined()) g.reduced.zero_();
     }
+  }
+  // Waits for every reduction issued so far (and runs their finishers: partitioned gradients are
+  // added into the reduced partitions). From any thread but the reducer's.
+  void drain() {
+    caf::scoped_actor self{actors::actor_system()};
+    actors::WorkList issued;
+    bool answered = false;
+    self->request(reducer, std::chrono::milliseconds(settings.collective_timeout_ms), actors::collect_atom::value)
+        .receive([&](actors::WorkList& w) { issued = std::move(w), answered = true; },
+                 [&](caf::error& e) {
+                   throw Error("gradient-reducer did not hand over its reductions: " + actors::actor_system().render(e));
+                 });
+    if (!answered) return;
+    if (issued.error) std::rethrow_exception(issued.error);
+    issued.wait_all();
+  }
+  // The end of a reducing backward with partitioned gradients: every bucket is issued, and
+  // waited for (as DeepSpeed's stage 2 synchronises at the end of each backward), so the next
+  // backward's gradients never meet this one's in a parameter's .grad. Errors wait for step().
+  void finish_partitioned_backward() {
+    try {
+      drain();
+    } catch (...) {
+      if (!backward_error) backward_error = std::current_exception();
+    }
+  }
+  void rethrow_backward_error() {
+    if (!backward_error) return;
+    auto e = backward_error;
+    backward_error = nullptr;
+    std::rethrow_exception(e);
   }
   // After a backward that reduces nothing: its low-precision gradients go into the fp32
   // accumulators (a reducing backward's are folded bucket by bucket by the reducer).
@@ -90,8 +123,14 @@ struct Engine::Impl {
     for (auto& g : shared->groups)
       if (g.accum.defined()) g.fold(0, g.flat->layout().padded_numel);
   }
-  // Whether a backward now must reduce: at a boundary, outside no_sync and coalesce blocks.
-  bool reduces_now() const { return boundary() && no_sync_depth == 0 && !coalescing; }
+  // Whether a backward now must reduce: outside no_sync and coalesce blocks, at a boundary (with
+  // partitioned gradients: at every backward, each adding into the reduced partitions).
+  bool reduces_now() const {
+    return (shared->partitioned_gradients || boundary()) && no_sync_depth == 0 && !coalescing;
+  }
+  // A second reduction in one boundary micro-step would average already averaged gradients in
+  // the flat buffer; partitioned gradients add up instead.
+  bool refuses_second_reduction() const { return !shared->partitioned_gradients && boundary_backwards > 0; }
   void start_reduction() {
     ++boundary_backwards;
     if (shared->world > 1) {
@@ -102,7 +141,7 @@ struct Engine::Impl {
   // Called before every backward the engine knows of: checks, then arms the reduction.
   void arm_backward() {
     const bool reduce = reduces_now();
-    if (reduce && boundary_backwards > 0)
+    if (reduce && refuses_second_reduction())
       throw Error("backward: called twice in the micro-step that ends gradient accumulation (micro-step " +
                   std::to_string(micro) + "); reduce once per boundary: call step() in between, or wrap the "
                   "backwards in coalesce_grad_reduction()");
@@ -116,7 +155,7 @@ struct Engine::Impl {
   void arm_from_hook() {
     unarmed_backward = true;
     if (!reduces_now()) return;
-    if (boundary_backwards > 0) {
+    if (refuses_second_reduction()) {
       double_boundary_backward = true;
       return;
     }
@@ -180,6 +219,9 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
     co.name = actors::next_communicator_name("engine");
     co.timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
     world = transport::Communicator::gloo(actors::job_store(), rank, size, co);
+    // Nobody goes on (and perhaps exits) before every rank has finished connecting: a rank that
+    // leaves while a peer is still in its connection handshake breaks that peer's connect.
+    world->barrier()->wait();
   }
 
   // 3. Flat groups, buckets, actors, hooks.
@@ -202,6 +244,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   shared->timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
   // DeepSpeed aligns partitions to 2 elements; stage 0 keeps one "partition" holding everything.
   shared->alignment = settings.stage >= 1 ? 2 : 1;
+  shared->partitioned_gradients = settings.stage == 2 && size > 1;
   for (const auto& [name, p] : trainable) {
     shared->names.push_back(name);
     shared->shapes.push_back(p.sizes().vec());
@@ -219,14 +262,17 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       if (members.empty()) continue;
       actors::detail::FlatGroup group;
       group.flat = std::make_unique<zero::FlatParameters>(members, settings.stage >= 1 ? size : 1, shared->alignment,
-                                                          dtype);
+                                                          dtype, /*flat_gradients=*/!shared->partitioned_gradients);
       group.params = ids;
       group.param_group = int64_t(g);
       group.comm_dtype = low ? at::kBFloat16 : dtype;
       if (shared->fp32_master) group.master = group.flat->partition(shared->owned_rank()).to(at::kFloat);
-      if (settings.fp32_grad_accumulation) {
+      if (settings.fp32_grad_accumulation) group.comm_dtype = at::kFloat;
+      if (shared->partitioned_gradients) {
+        group.reduced = at::zeros({group.flat->layout().partition_numel},
+                                  settings.fp32_grad_accumulation ? at::kFloat : dtype);
+      } else if (settings.fp32_grad_accumulation) {
         group.accum = at::zeros({group.flat->layout().padded_numel}, at::kFloat);
-        group.comm_dtype = at::kFloat;
       }
       layouts.push_back(group.flat->layout());
       model_index.push_back(ids);
@@ -253,8 +299,12 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
         if (raw->reducing.load()) caf::anon_send(reducer, actors::ready_atom::value, i);
       },
       [raw, reducer] {
-        if (raw->reducing.load()) caf::anon_send(reducer, actors::flush_atom::value);
-        else raw->fold_all();
+        if (raw->reducing.load()) {
+          caf::anon_send(reducer, actors::flush_atom::value);
+          if (raw->shared->partitioned_gradients) raw->finish_partitioned_backward();
+        } else {
+          raw->fold_all();
+        }
         raw->reducing = false;
         raw->armed = false;
       });
@@ -277,6 +327,7 @@ void Engine::backward(const at::Tensor& loss) {
   scale(loss).backward();
   s.reducing = false;
   s.armed = false;
+  s.rethrow_backward_error();
 }
 
 at::Tensor Engine::scale(const at::Tensor& loss) {
@@ -291,6 +342,7 @@ at::Tensor Engine::scale(const at::Tensor& loss) {
 
 void Engine::step() {
   auto& s = *impl_;
+  s.rethrow_backward_error();
   if (!s.boundary()) {
     ++s.micro;
     return;
@@ -345,14 +397,11 @@ void Engine::step() {
 
 void Engine::zero_grad() {
   auto& s = *impl_;
-  if (s.boundary_backwards > 0 && s.shared->world > 1) {
-    // Reductions of this micro-step may still be writing into the gradients: finish them first.
-    caf::scoped_actor self{actors::actor_system()};
-    actors::WorkList issued;
-    self->request(s.reducer, std::chrono::milliseconds(s.settings.collective_timeout_ms), actors::collect_atom::value)
-        .receive([&](actors::WorkList& w) { issued = std::move(w); }, [&](caf::error&) {});
-    issued.wait_all();
+  if ((s.boundary_backwards > 0 || s.shared->partitioned_gradients) && s.shared->world > 1) {
+    // Reductions may still be writing into the gradients: finish them first.
+    s.drain();
   }
+  s.backward_error = nullptr;
   impl_->zero_flat_grads();
   impl_->unarmed_backward = false;
   impl_->double_boundary_backward = false;
@@ -374,9 +423,12 @@ Engine::Scope Engine::coalesce_grad_reduction() {
   return Scope([s] {
     s->coalescing = false;
     // One pass over the accumulated gradients: every bucket, in order, once.
-    if (s->reduces_now() && s->boundary_backwards == 0) {
+    if (s->reduces_now() && !s->refuses_second_reduction()) {
       s->start_reduction();
-      if (s->shared->world > 1) caf::anon_send(s->reducer, actors::flush_atom::value);
+      if (s->shared->world > 1) {
+        caf::anon_send(s->reducer, actors::flush_atom::value);
+        if (s->shared->partitioned_gradients) s->finish_partitioned_backward();
+      }
       s->reducing = false;
     }
   });
@@ -426,6 +478,22 @@ int64_t Engine::skipped_steps() const { return impl_->skipped; }
 double Engine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
 double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
 StepTiming Engine::last_step_timing() const { return impl_->timing; }
+
+EngineMemory Engine::memory() const {
+  auto bytes = [](const at::Tensor& t) { return t.defined() ? int64_t(t.numel() * t.element_size()) : int64_t(0); };
+  EngineMemory m;
+  const auto& s = *impl_->shared;
+  for (const auto& g : s.groups) {
+    m.parameters += bytes(g.flat->buffer());
+    m.gradients += bytes(g.flat->grad_buffer()) + bytes(g.accum) + bytes(g.reduced);
+    m.master += bytes(g.master);
+    if (!g.flat->flat_gradients())
+      for (const auto& p : g.flat->parameters()) m.gradients += bytes(p.grad());
+  }
+  for (const auto& o : impl_->optimizers)
+    for (const auto& t : o->states()) m.optimizer_states += bytes(t);
+  return m;
+}
 
 EngineStorage Engine::storage_maps() const {
   std::vector<std::vector<at::Tensor>> states;

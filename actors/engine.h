@@ -13,10 +13,15 @@
 // at stages 0/1, reduce-scatter at stage 2). step() asks the optimizer-shard actor to wait for the
 // reductions, clip, update this rank's partition and have the parameter-shard all-gather it.
 //
-// Gradients are accumulated locally over the micro-steps of one batch and reduced once, in the
-// backward of the boundary micro-step. A plain loss.backward() outside the engine (a joint loss
-// over several engines) is recognised by the hooks and reduced the same way. In fp32 at 2 ranks the result equals a single-process
-// LibTorch run that averages the ranks' gradients bit for bit (tests/engine checks it).
+// Stages 0/1: gradients accumulate locally in the flat buffer over the micro-steps of one batch
+// and are reduced once, in the backward of the boundary micro-step. Stage 2 (across ranks) keeps
+// no full gradient buffer: every backward's gradients are copied into reduce-scatter buckets as
+// they become ready, released, and added into this rank's gradient partition (DeepSpeed's
+// order: average per micro-step, then sum), and each backward waits for its reductions at its
+// end. A plain loss.backward() outside the engine (a joint loss over several engines) is
+// recognised by the hooks and reduced the same way. In fp32 at 2 ranks the result equals a
+// single-process LibTorch run that averages the ranks' gradients in the same order, bit for bit
+// (tests/engine checks it).
 //
 // Precision: fp32; bf16 with fp32 master weights (or bf16 master with bf16.bf16_master_weights_
 // and_grads, bf16 optimizer states with bf16_optimizer_states); fp16 with fp32 master and dynamic
@@ -66,6 +71,15 @@ struct StepTiming {
   double reduction_wait_s = 0;  // reductions not yet finished when step() began (not hidden by backward)
   double update_s = 0;          // unscale, overflow check, clip and optimizer update
   double gather_s = 0;          // all-gather of the updated partitions
+};
+
+// What the engine holds per rank, in bytes (between steps; transient staging not included).
+struct EngineMemory {
+  int64_t parameters = 0;        // the flat parameter buffers (the module's weights)
+  int64_t gradients = 0;         // flat gradient buffers, fp32 accumulators, reduced partitions and
+                                 // any .grad not a view of them (partitioned gradients)
+  int64_t master = 0;            // fp32 master partitions
+  int64_t optimizer_states = 0;  // every state of every partition
 };
 
 struct InitializeOptions {
@@ -131,10 +145,11 @@ class Engine {
   // Inside the block, backward() accumulates gradients locally and reduces nothing, whatever the
   // accumulation boundary; the first backward at a boundary after it reduces everything
   // accumulated. step() inside raises. DeepSpeed forbids no_sync at ZeRO-2/3; tessera allows it
-  // (it keeps full local gradients until the boundary at every stage).
+  // (stage 2 then keeps full local gradients in the parameters' .grad until the block ends).
   [[nodiscard]] Scope no_sync();
   // Several backward() (or scale(loss).backward()) calls whose gradients are reduced once, when
-  // the block ends at an accumulation boundary. step() inside raises; nesting it in no_sync or in
+  // the block ends (stages 0/1: at an accumulation boundary; stage 2: at any micro-step, added
+  // to the partition). step() inside raises; nesting it in no_sync or in
   // itself raises. DeepSpeed refuses stage 0 and its bf16/fp16 wrappers here; tessera allows them.
   [[nodiscard]] Scope coalesce_grad_reduction();
 
@@ -157,6 +172,7 @@ class Engine {
   double loss_scale() const;          // 1 without fp16
   double last_grad_norm() const;      // of the last update with clipping, else -1
   StepTiming last_step_timing() const;
+  EngineMemory memory() const;
   // Affine maps of the weights, fp32 master and optimizer states over the data-parallel ranks,
   // with this rank's buffers (storage_maps.h). Call between steps.
   EngineStorage storage_maps() const;

@@ -14,16 +14,44 @@ struct ReducerState {
   std::vector<char> seen;        // per parameter: reported in this backward
   size_t next = 0;               // next bucket to issue
   bool active = false;
-  WorkList issued;
+  WorkList issued;               // since the last collect
+  // Partitioned gradients: each bucket's packed input, filled as its parameters become ready.
+  std::vector<at::Tensor> staging;
+  std::vector<std::pair<int64_t, int64_t>> place;  // per parameter: (flat group, index in it)
 
   void start() {  // not begin(): CAF would take the state for a container
     const auto& plan = shared->plan;
     missing.assign(plan.buckets.size(), 0);
     for (size_t k = 0; k < plan.buckets.size(); ++k) missing[k] = int64_t(plan.buckets[k].params.size());
     seen.assign(plan.param_buckets.size(), 0);
+    staging.assign(plan.buckets.size(), at::Tensor());
+    if (place.empty()) {
+      place.resize(plan.param_buckets.size());
+      for (size_t g = 0; g < shared->groups.size(); ++g)
+        for (size_t j = 0; j < shared->groups[g].params.size(); ++j)
+          place[shared->groups[g].params[j]] = {int64_t(g), int64_t(j)};
+    }
     next = 0;
-    issued = WorkList{};
     active = true;
+  }
+
+  // Partitioned gradients: copies parameter `param`'s .grad (final for this backward; absent
+  // means zero) into the staging buffers of its buckets, then releases it.
+  void take(int64_t param) {
+    const auto& plan = shared->plan;
+    const auto& group = shared->groups[place[param].first];
+    const auto& p = shared->parameters[param];
+    at::Tensor grad = p.grad().defined() ? p.grad().reshape(-1) : at::Tensor();
+    for (int64_t k : plan.param_buckets[param]) {
+      const auto& bucket = plan.buckets[k];
+      if (!staging[k].defined())
+        staging[k] = at::zeros({(bucket.end - bucket.begin) * shared->world},
+                               at::TensorOptions().dtype(group.comm_dtype));
+      if (!grad.defined()) continue;
+      for (const auto& c : zero::staging_copies(group.flat->layout(), plan.shape, bucket, place[param].second))
+        staging[k].narrow(0, c.staging_begin, c.length).copy_(grad.narrow(0, c.param_begin, c.length));
+    }
+    p.mutable_grad() = at::Tensor();
   }
 
   void issue(size_t k) {
@@ -32,6 +60,19 @@ struct ReducerState {
       const auto& bucket = shared->plan.buckets[k];
       const auto& group = shared->groups[bucket.group];
       const int64_t length = bucket.end - bucket.begin;
+      transport::ReduceOptions average;
+      average.op = transport::ReduceOp::avg;
+      if (shared->partitioned_gradients) {
+        // Reduce-scatter the packed input; this rank's slice is added into its partition.
+        auto input = staging[k].defined() ? std::move(staging[k])
+                                          : at::zeros({length * shared->world}, at::TensorOptions().dtype(group.comm_dtype));
+        staging[k] = at::Tensor();
+        auto out = at::empty({length}, input.options());
+        issued.works.push_back(shared->dp->reduce_scatter(input, out, average));
+        auto slice = group.reduced.narrow(0, bucket.begin, length);
+        issued.finish.push_back([slice, out]() mutable { slice.add_(out); });
+        return;
+      }
       if (group.accum.defined()) {  // this bucket's gradients are final: fold them first
         if (shared->plan.shape == zero::BucketShape::all_reduce) {
           group.fold(bucket.begin, length);
@@ -42,13 +83,11 @@ struct ReducerState {
       }
       const auto& grads = group.gradients();
       const bool cast = group.comm_dtype != grads.scalar_type();  // autocast: reduce in bf16
-      transport::ReduceOptions avg;
-      avg.op = transport::ReduceOp::avg;
       std::function<void()> finish;
       if (shared->plan.shape == zero::BucketShape::all_reduce) {
         auto range = grads.narrow(0, bucket.begin, length);
         auto data = cast ? range.to(group.comm_dtype) : range;
-        issued.works.push_back(shared->dp->all_reduce(data, avg));
+        issued.works.push_back(shared->dp->all_reduce(data, average));
         if (cast) finish = [range, data]() mutable { range.copy_(data); };
       } else {
         // Input: slice [r*P + begin, r*P + end) of every rank r, packed; output: our own slice.
@@ -58,7 +97,7 @@ struct ReducerState {
           staging.narrow(0, r * length, length).copy_(grads.narrow(0, r * P + bucket.begin, length));
         auto own = grads.narrow(0, shared->rank * P + bucket.begin, length);
         auto out = cast ? at::empty({length}, staging.options()) : own;
-        issued.works.push_back(shared->dp->reduce_scatter(staging, out, avg));
+        issued.works.push_back(shared->dp->reduce_scatter(staging, out, average));
         if (cast) finish = [own, out]() mutable { own.copy_(out); };
       }
       issued.finish.push_back(std::move(finish));
@@ -74,12 +113,19 @@ struct ReducerState {
   void ready(int64_t param) {
     if (!active || param < 0 || size_t(param) >= seen.size() || seen[param]) return;
     seen[param] = 1;
+    if (shared->partitioned_gradients) take(param);
     for (int64_t k : shared->plan.param_buckets[param]) --missing[k];
     if (shared->overlap_comm) issue_ready();  // else everything waits for flush (end of backward)
   }
 
   void flush() {
     if (!active) return;
+    if (shared->partitioned_gradients) {
+      // Parameters autograd did not report (unused in this backward, or a coalesced / no_sync
+      // reduction with no backward running): their accumulated .grad, or zeros.
+      for (size_t param = 0; param < seen.size(); ++param)
+        if (!seen[param]) seen[param] = 1, take(int64_t(param));
+    }
     while (next < missing.size()) issue(next++);
   }
 };

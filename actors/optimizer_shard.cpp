@@ -55,7 +55,7 @@ struct OptimizerShardState {
     const bool fp32 = shared->dtype == at::kFloat;
     if (fp32) {
       std::vector<at::Tensor> grads;
-      for (const auto& group : groups) grads.push_back(group.flat->grad_partition(owned));
+      for (const auto& group : groups) grads.push_back(group.gradient_partition(owned));
       if (request.max_grad_norm > 0) {
         // Every rank holds every averaged gradient at stages 0/1: LibTorch's own function, bitwise.
         report.grad_norm = shared->stage < 2 || shared->world == 1

@@ -28,6 +28,9 @@ struct FlatGroup {
   // with bf16/fp16), else undefined. The low-precision gradients of each backward are folded
   // into it (and zeroed); it is what gets reduced and stepped.
   at::Tensor accum;
+  // ZeRO-2 with partitioned gradients: this rank's reduced gradient partition [partition_numel],
+  // in the accumulation dtype; each reduction adds into it. Else undefined.
+  at::Tensor reduced;
 
   // Adds the flat gradient range [begin, begin + length) into `accum` and zeroes it.
   void fold(int64_t begin, int64_t length) const {
@@ -35,9 +38,11 @@ struct FlatGroup {
     accum.narrow(0, begin, length).add_(g);
     g.zero_();
   }
-  // What gets reduced and stepped: the accumulator, or the flat gradients.
+  // What gets reduced (flat-gradient modes): the accumulator, or the flat gradients.
   const at::Tensor& gradients() const { return accum.defined() ? accum : flat->grad_buffer(); }
+  // What gets stepped: rank `rank`'s partition of the reduced gradients.
   at::Tensor gradient_partition(int64_t rank) const {
+    if (reduced.defined()) return reduced;
     const auto& l = flat->layout();
     return gradients().narrow(0, l.partition_begin(rank), l.partition_numel);
   }
@@ -49,6 +54,10 @@ struct EngineShared {
   bool fp16 = false;                  // check overflow and skip such steps
   bool fp32_master = false;           // keep fp32 master weights of the partition (bf16/fp16)
   bool overlap_comm = false;          // reduce buckets as they fill during backward, else at its end
+  // ZeRO-2 across ranks: no flat gradient buffer. The reducer copies each parameter's .grad into
+  // the staging buffers of its buckets when it is ready, releases it, and reduce-scatters into
+  // FlatGroup::reduced, at every backward (DeepSpeed's stage 2).
+  bool partitioned_gradients = false;
   int rank = 0;        // in the data-parallel group
   int world = 1;       // data-parallel size
   std::shared_ptr<transport::Communicator> dp;  // nullptr when world == 1

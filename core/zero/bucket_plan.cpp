@@ -49,6 +49,21 @@ BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, in
   return plan;
 }
 
+std::vector<StagingCopy> staging_copies(const FlatGroupLayout& layout, BucketShape shape, const Bucket& bucket,
+                                        int64_t param_index) {
+  const auto& slot = layout.params.at(size_t(param_index));
+  const int64_t width = bucket.end - bucket.begin;
+  const int64_t slices = shape == BucketShape::all_reduce ? 1 : layout.dp_size;
+  std::vector<StagingCopy> out;
+  for (int64_t r = 0; r < slices; ++r) {
+    const int64_t base = shape == BucketShape::all_reduce ? 0 : r * layout.partition_numel;
+    const int64_t lo = std::max(slot.offset, base + bucket.begin);
+    const int64_t hi = std::min(slot.offset + slot.numel, base + bucket.end);
+    if (lo < hi) out.push_back({lo - slot.offset, r * width + (lo - base - bucket.begin), hi - lo});
+  }
+  return out;
+}
+
 BucketPlan make_bucket_plan(const std::vector<FlatGroupLayout>& layouts,
                             const std::vector<std::vector<int64_t>>& model_index, BucketShape shape,
                             int64_t bucket_elements) {

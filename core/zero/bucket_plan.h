@@ -41,6 +41,20 @@ struct BucketPlan {
   std::vector<std::vector<int64_t>> param_buckets;  // per parameter: its bucket indices
 };
 
+// Where the elements of one parameter go in a bucket's packed input (the staging buffer a
+// reduction reads when gradients are not views of one flat buffer): parameter elements
+// [param_begin, param_begin + length) to staging elements [staging_begin, ...). The packed input
+// is [begin, end) for all-reduce and the W slices [r*P + begin, r*P + end) one after another for
+// reduce-scatter. Example: P = 22, bucket [18, 22) (slices of 4), a parameter at flat [20, 42):
+// its elements [0, 2) go to staging [2, 4) (rank 0's slice) and [20, 22) to [4, 6) (rank 1's).
+struct StagingCopy {
+  int64_t param_begin = 0;
+  int64_t staging_begin = 0;
+  int64_t length = 0;
+};
+std::vector<StagingCopy> staging_copies(const FlatGroupLayout& layout, BucketShape shape, const Bucket& bucket,
+                                        int64_t param_index);
+
 // One group; parameter indices are the layout's. Throws tessera::Error when bucket_elements < 1.
 BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, int64_t bucket_elements);
 

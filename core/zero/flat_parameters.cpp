@@ -8,7 +8,8 @@
 namespace tessera::zero {
 
 FlatParameters::FlatParameters(const std::vector<std::pair<std::string, at::Tensor>>& named_parameters,
-                               int64_t dp_size, int64_t alignment_elements, std::optional<at::ScalarType> dtype) {
+                               int64_t dp_size, int64_t alignment_elements, std::optional<at::ScalarType> dtype,
+                               bool flat_gradients) {
   std::vector<std::string> names;
   std::vector<int64_t> numels;
   for (const auto& [name, p] : named_parameters) {
@@ -25,7 +26,7 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, at::Tens
                                           : named_parameters.front().second.options().requires_grad(false);
   if (dtype) options = options.dtype(*dtype);
   buffer_ = at::zeros({layout_.padded_numel}, options);
-  grad_buffer_ = at::zeros({layout_.padded_numel}, options);
+  if (flat_gradients) grad_buffer_ = at::zeros({layout_.padded_numel}, options);
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < named_parameters.size(); ++i) {
     const auto& p = named_parameters[i].second;
@@ -42,6 +43,10 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, at::Tens
 }
 
 void FlatParameters::attach_gradients() {
+  if (!grad_buffer_.defined()) {
+    for (auto& p : parameters_) p.mutable_grad() = at::Tensor();
+    return;
+  }
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const auto& slot = layout_.params[i];
     parameters_[i].mutable_grad() = grad_buffer_.narrow(0, slot.offset, slot.numel).view(parameters_[i].sizes());
@@ -53,10 +58,12 @@ at::Tensor FlatParameters::partition(int64_t rank) const {
 }
 
 at::Tensor FlatParameters::grad_partition(int64_t rank) const {
+  if (!grad_buffer_.defined()) throw Error("flat parameters: no flat gradient buffer (gradients are partitioned)");
   return grad_buffer_.narrow(0, layout_.partition_begin(rank), layout_.partition_numel);
 }
 
 bool FlatParameters::gradients_attached() const {
+  if (!grad_buffer_.defined()) return true;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const auto& g = parameters_[i].grad();
     const auto* expected = static_cast<const char*>(grad_buffer_.data_ptr()) +
@@ -67,6 +74,10 @@ bool FlatParameters::gradients_attached() const {
 }
 
 void FlatParameters::zero_grad() {
+  if (!grad_buffer_.defined()) {
+    attach_gradients();  // releases every .grad
+    return;
+  }
   grad_buffer_.zero_();
   if (!gradients_attached()) attach_gradients();
 }

@@ -92,20 +92,41 @@ Result run_oracle(const Setup& s, const OptimizerFactory& make_optimizer,
   auto params = model.module()->parameters();
   auto optimizer = make_optimizer(params);
   Result r;
+  // Stage 2 across ranks reduces at every micro-step and adds the averages; the other stages
+  // accumulate locally and reduce once.
+  const bool per_micro_step = s.stage == 2 && kWorld > 1;
+  auto micro_loss = [&](int step, int micro, int rank) {
+    auto batch = corpus().batch(s.seed, step, micro, s.global_batch, 16, rank, kWorld);
+    auto loss = model.loss(batch.tokens, batch.targets);
+    (s.accumulation > 1 ? loss / double(s.accumulation) : loss).backward();
+    if (rank == kRank) r.losses.push_back(loss.item<double>());
+  };
   for (int step = 0; step < s.steps; ++step) {
     std::vector<torch::Tensor> averaged(params.size());
-    for (int rank = 0; rank < kWorld; ++rank) {
-      for (auto& p : params) p.mutable_grad() = torch::Tensor();
+    if (per_micro_step) {
+      std::vector<torch::Tensor> accumulated(params.size());
       for (int micro = 0; micro < s.accumulation; ++micro) {
-        auto batch = corpus().batch(s.seed, step, micro, s.global_batch, 16, rank, kWorld);
-        auto loss = model.loss(batch.tokens, batch.targets);
-        (s.accumulation > 1 ? loss / double(s.accumulation) : loss).backward();
-        if (rank == kRank) r.losses.push_back(loss.item<double>());
+        for (int rank = 0; rank < kWorld; ++rank) {
+          for (auto& p : params) p.mutable_grad() = torch::Tensor();
+          micro_loss(step, micro, rank);
+          for (size_t i = 0; i < params.size(); ++i)
+            averaged[i] = rank == 0 ? params[i].grad().clone() : averaged[i].add_(params[i].grad());
+        }
+        for (size_t i = 0; i < params.size(); ++i) {
+          averaged[i].div_(kWorld);
+          accumulated[i] = micro == 0 ? averaged[i] : accumulated[i].add_(averaged[i]);
+        }
       }
-      for (size_t i = 0; i < params.size(); ++i)
-        averaged[i] = rank == 0 ? params[i].grad().clone() : averaged[i].add_(params[i].grad());
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = accumulated[i];
+    } else {
+      for (int rank = 0; rank < kWorld; ++rank) {
+        for (auto& p : params) p.mutable_grad() = torch::Tensor();
+        for (int micro = 0; micro < s.accumulation; ++micro) micro_loss(step, micro, rank);
+        for (size_t i = 0; i < params.size(); ++i)
+          averaged[i] = rank == 0 ? params[i].grad().clone() : averaged[i].add_(params[i].grad());
+      }
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = averaged[i].div_(kWorld);
     }
-    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = averaged[i].div_(kWorld);
     if (s.clip > 0) torch::nn::utils::clip_grad_norm_(params, s.clip);
     if (lr_at_update)
       for (auto& group : optimizer->param_groups()) group.options().set_lr(lr_at_update(step));
@@ -191,15 +212,20 @@ TEST_CASE("Stages 0, 1, 2 equal the single-process oracle and the full-batch run
 }
 
 TEST_CASE("Gradient accumulation over 3 micro-steps equals the oracle", "[engine]") {
+  // Stage 2 reduces every micro-step (DeepSpeed's order: average per micro-step, then sum); its
+  // oracle does the same, and both stay within the tolerance of the other order.
   Setup s;
   s.accumulation = 3;
   s.steps = 3;
+  s.stage = 1;
   auto oracle = run_oracle(s, adamw(3e-3, 0.01));
-  for (int stage : {1, 2}) {
-    s.stage = stage;
-    INFO("stage " << stage);
-    expect_match(run_engine(s), oracle);
-  }
+  expect_match(run_engine(s), oracle);
+  s.stage = 2;
+  auto per_micro_step = run_oracle(s, adamw(3e-3, 0.01));
+  INFO("stage 2");
+  expect_match(run_engine(s), per_micro_step);
+  INFO("stage 2 against the reduce-once order");
+  expect_match(run_engine(s), oracle, false);
 }
 
 TEST_CASE("Clipping by the global norm (stages 0/1 bitwise, stage 2 within 1e-5)", "[engine]") {
@@ -274,4 +300,29 @@ TEST_CASE("A second backward in the boundary micro-step is an error", "[engine]"
   engine->step();
   CHECK(engine->global_steps() == 1);
   CHECK_THROWS_WITH(engine->backward(torch::ones({2}, torch::requires_grad())), Catch::Contains("scalar"));
+}
+
+TEST_CASE("Stage 2 keeps only this rank's gradient partition; stages 0/1 keep the whole", "[engine][memory]") {
+  Setup s;
+  std::map<int, int64_t> gradient_bytes;
+  // DeepSpeed pads the group to a multiple of 2 x world; each rank owns padded / world elements.
+  const int64_t padded = (tessera::nn::gpt_parameter_count(small_gpt()) + 2 * kWorld - 1) / (2 * kWorld) * 2 * kWorld;
+  for (int stage : {1, 2}) {
+    s.stage = stage;
+    tessera::nn::TinyGpt model(small_gpt());
+    auto engine = tessera::initialize(model.module(), tessera::config::load_config_text(s.toml(), tessera::config::Format::toml, "m")).engine;
+    auto batch = corpus().batch(1, 0, 0, s.global_batch, 16, kRank, kWorld);
+    engine->backward(model.loss(batch.tokens, batch.targets));
+    const auto memory = engine->memory();
+    gradient_bytes[stage] = memory.gradients;
+    CHECK(memory.parameters == padded * 4);
+    if (stage == 2 && kWorld > 1) {
+      // Every .grad was copied into a reduction and released.
+      for (auto& p : model.module()->parameters()) CHECK_FALSE(p.grad().defined());
+    }
+    engine->step();
+    CHECK(engine->memory().optimizer_states == 2 * 4 * padded / kWorld);  // AdamW: exp_avg, exp_avg_sq
+  }
+  CHECK(gradient_bytes[1] == padded * 4);
+  CHECK(gradient_bytes[2] == (kWorld > 1 ? padded / kWorld * 4 : padded * 4));
 }
