@@ -56,6 +56,7 @@ struct Engine::Impl {
   double last_grad_norm = -1;
   StepTiming timing;
   std::exception_ptr backward_error;  // a reduction at the end of a backward failed
+  double backward_wait_s = 0;         // partitioned gradients: waiting at the ends of backwards
 
   bool boundary() const { return (micro + 1) % settings.gradient_accumulation_steps == 0; }
   // DeepSpeed steps the scheduler only after updates that were not skipped.
@@ -106,7 +107,9 @@ struct Engine::Impl {
   // backward's gradients never meet this one's in a parameter's .grad. Errors wait for step().
   void finish_partitioned_backward() {
     try {
+      const auto t0 = std::chrono::steady_clock::now();
       drain();
+      backward_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
       if (!backward_error) backward_error = std::current_exception();
     }
@@ -379,7 +382,8 @@ void Engine::step() {
     s.last_lrs.clear();
     for (const auto& hp : request.hyperparameters) s.last_lrs.push_back(hp.lr);
   }
-  s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s};
+  s.timing = StepTiming{report.reduction_wait_s + s.backward_wait_s, report.update_s, report.gather_s};
+  s.backward_wait_s = 0;
   if (report.overflow) ++s.skipped;
   if (s.scaler) {
     const auto update = s.scaler->update(report.overflow);

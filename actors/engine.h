@@ -68,7 +68,9 @@ class Communicator;
 
 // Where the time of the last update went (seconds, measured by the optimizer shard).
 struct StepTiming {
-  double reduction_wait_s = 0;  // reductions not yet finished when step() began (not hidden by backward)
+  // Reductions not yet finished when step() began, or (stage 2) when each backward ended: the
+  // reduction time not hidden behind backward.
+  double reduction_wait_s = 0;
   double update_s = 0;          // unscale, overflow check, clip and optimizer update
   double gather_s = 0;          // all-gather of the updated partitions
 };

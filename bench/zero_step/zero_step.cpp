@@ -4,9 +4,10 @@
 //   tools/tessera-launch --nproc-per-node 2 build/bench/zero_step/zero_step [--steps 8]
 // Rank 0 prints one JSON line per (stage, overlap_comm).
 //
-// hidden_fraction = 1 - wait_on / wait_off, where wait is the time step() spends waiting for
-// reductions still running when backward ended (the part not hidden): with overlap off every
-// reduction starts at the end of backward, so wait_off is the whole reduction time.
+// hidden_fraction = 1 - wait_on / wait_off, where wait is the time spent waiting for reductions
+// still running when backward ended (the part not hidden; at stage 2 each backward waits for its
+// own): with overlap off every reduction starts at the end of backward, so wait_off is the whole
+// reduction time. gradient_mb is the gradient memory per rank right after backward.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
@@ -31,6 +32,7 @@ double median(std::vector<double> v) {
 
 struct Measure {
   double step_s = 0, wait_s = 0, update_s = 0, gather_s = 0;
+  double gradient_mb = 0;  // gradient memory per rank after backward (Engine::memory())
 };
 
 }  // namespace
@@ -60,10 +62,12 @@ int main(int argc, char** argv) {
                                       tessera::config::load_config_text(toml, tessera::config::Format::toml, "zero_step"))
                       .engine;
     std::vector<double> step_s, wait_s, update_s, gather_s;
+    double gradient_mb = 0;
     for (int s = 0; s < warmup + steps; ++s) {
       auto batch = corpus.batch(1, s, 0, micro * world, model_config.context, rank, world);
       const auto t0 = std::chrono::steady_clock::now();
       engine->backward(model.loss(batch.tokens, batch.targets));
+      gradient_mb = engine->memory().gradients / 1e6;
       engine->step();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s < warmup) continue;
@@ -71,7 +75,7 @@ int main(int argc, char** argv) {
       step_s.push_back(dt), wait_s.push_back(timing.reduction_wait_s), update_s.push_back(timing.update_s),
           gather_s.push_back(timing.gather_s);
     }
-    return Measure{median(step_s), median(wait_s), median(update_s), median(gather_s)};
+    return Measure{median(step_s), median(wait_s), median(update_s), median(gather_s), gradient_mb};
   };
 
   int64_t parameters = 0;
@@ -88,10 +92,10 @@ int main(int argc, char** argv) {
       const bool overlap = m == &on;
       std::printf("{\"bench\":\"zero_step\",\"stage\":%d,\"overlap_comm\":%s,\"world\":%d,\"parameters\":%lld,"
                   "\"micro_batch\":%d,\"step_ms\":%.2f,\"ratio_to_stage0\":%.3f,\"reduction_wait_ms\":%.2f,"
-                  "\"update_ms\":%.2f,\"gather_ms\":%.2f%s}\n",
+                  "\"update_ms\":%.2f,\"gather_ms\":%.2f,\"gradient_mb\":%.2f%s}\n",
                   stage, overlap ? "true" : "false", world, static_cast<long long>(parameters), micro,
                   1e3 * m->step_s, m->step_s / stage0_step, 1e3 * m->wait_s, 1e3 * m->update_s, 1e3 * m->gather_s,
-                  overlap ? (",\"hidden_fraction\":" +
+                  m->gradient_mb, overlap ? (",\"hidden_fraction\":" +
                              std::to_string(off.wait_s > 0 ? std::max(0.0, 1.0 - on.wait_s / off.wait_s) : 0.0))
                                 .c_str()
                           : "");
