@@ -12,6 +12,8 @@
 //                                     partition (fp32 master), all-gather the new weights
 // Rank 0 prints a progress line (step, loss, tokens/s, lr, loss scale) and writes a CSV of the curve.
 #include <CLI/CLI.hpp>
+
+#include <array>
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -29,11 +31,6 @@
 #include "core/nn/tiny_gpt.h"
 #include "transport/launch_env.h"
 
-namespace {
-
-
-}  // namespace
-
 int main(int argc, char** argv) {
   CLI::App app{"Train a small byte-level GPT with tessera's ZeRO engine (launch with tessera-launch)"};
   std::string config_path;
@@ -43,7 +40,7 @@ int main(int argc, char** argv) {
   std::string csv_path = "train_lm_loss.csv";
   std::vector<std::string> corpus_paths = tessera::data::ByteCorpus::default_paths();
   tessera::nn::GptConfig model_config;
-  model_config.d_model = 128, model_config.n_layer = 4, model_config.n_head = 4, model_config.context = 64;
+  model_config.d_model = 192, model_config.n_layer = 6, model_config.n_head = 6, model_config.context = 64;
   app.add_option("--config", config_path, "tessera TOML or DeepSpeed JSON configuration")->required()->check(CLI::ExistingFile);
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--micro-batch", micro_batch, "sequences per rank per micro-step (fills \"auto\")")->check(CLI::PositiveNumber);
@@ -56,6 +53,22 @@ int main(int argc, char** argv) {
   app.add_option("--heads", model_config.n_head, "attention heads");
   app.add_option("--context", model_config.context, "tokens per sequence");
   app.add_option("--log-every", log_every, "print a line every N steps (default: the config's steps_per_print, 1 on a terminal)");
+  // What fills the other "auto" values (a Hugging Face-style all-auto DeepSpeed JSON works as is);
+  // an explicit value in the config wins, as with the Trainer.
+  int grad_accum = 1, warmup_steps = 5;
+  double weight_decay = 0.01, eps = 1e-8, grad_clip = 1.0;
+  std::array<double, 2> betas{0.9, 0.95};
+  std::string mixed_precision = "no";
+  int zero_stage = 2;
+  app.add_option("--grad-accum", grad_accum, "gradient accumulation steps (fills \"auto\")")->check(CLI::PositiveNumber);
+  app.add_option("--weight-decay", weight_decay, "weight decay of matrices (fills \"auto\")");
+  app.add_option("--betas", betas, "Adam betas (fills \"auto\")")->delimiter(',');
+  app.add_option("--eps", eps, "Adam epsilon (fills \"auto\")");
+  app.add_option("--grad-clip", grad_clip, "gradient clipping norm (fills \"auto\")");
+  app.add_option("--warmup-steps", warmup_steps, "scheduler warmup steps (fills \"auto\")");
+  app.add_option("--mixed-precision", mixed_precision, "no | fp16 | bf16 (fills \"auto\")")
+      ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+  app.add_option("--zero-stage", zero_stage, "ZeRO stage (fills \"auto\")")->check(CLI::Range(0, 3));
   CLI11_PARSE(app, argc, argv);
 
   const auto env = tessera::transport::LaunchEnv::from_env();
@@ -71,8 +84,43 @@ int main(int argc, char** argv) {
     options.facts.hidden_size = model_config.d_model;
     options.facts.lr = lr;
     options.facts.total_steps = steps;
+    options.facts.gradient_accumulation_steps = grad_accum;
+    options.facts.weight_decay = weight_decay;
+    options.facts.betas = betas;
+    options.facts.eps = eps;
+    options.facts.gradient_clipping = grad_clip;
+    options.facts.warmup_steps = warmup_steps;
+    options.facts.mixed_precision = mixed_precision;
+    options.facts.zero_stage = zero_stage;
+    options.facts.save_16bit_model = false;  // train_lm saves nothing yet
+    options.facts.offload_optimizer_device = tessera::config::OffloadDevice::none;
+    options.facts.offload_param_device = tessera::config::OffloadDevice::none;
+    // GPT practice (nanoGPT, DeepSpeed-Chat): no weight decay on vectors (LayerNorm weights and
+    // biases); a group's settings override the config's optimizer.params.
+    if (config.optimizer) {
+      options.param_groups.resize(2);
+      for (const auto& item : model.module()->named_parameters())
+        options.param_groups[item.value().dim() >= 2 ? 0 : 1].names.push_back(item.key());
+      options.param_groups[1].weight_decay = 0.0;
+    } else {
+      // No optimizer section (Accelerate's and the Trainer's configs): bring our own, as they do.
+      std::vector<torch::Tensor> matrices, vectors;
+      for (const auto& p : model.module()->parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
+      auto adamw = [&](double decay) {
+        return std::make_unique<torch::optim::AdamWOptions>(
+            torch::optim::AdamWOptions(lr).betas({betas[0], betas[1]}).eps(eps).weight_decay(decay));
+      };
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(matrices, adamw(weight_decay));
+      groups.emplace_back(vectors, adamw(0.0));
+      options.optimizer = std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(lr));
+    }
     auto engine = tessera::initialize(model.module(), config, options).engine;
     const auto& resolved = engine->config();
+    if (resolved.fp16.enabled.value)
+      throw tessera::Error(config_path +
+                           ": fp16.enabled: this model runs on the CPU, where LibTorch has no fp16 kernels "
+                           "(LayerNorm, matmul); use bf16 (--mixed-precision bf16 with \"auto\") or fp32");
     const int64_t micro = resolved.train_micro_batch_size_per_gpu.value;
     const int64_t accumulation = resolved.gradient_accumulation_steps.value;
     const bool tty = isatty(STDOUT_FILENO);
@@ -129,6 +177,9 @@ int main(int argc, char** argv) {
                   csv.is_open() ? csv_path.c_str() : "");
     }
   } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "train_lm (rank %d): %s\n", rank, e.what());
+    return 1;
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "train_lm (rank %d): %s\n", rank, e.what());
     return 1;
   }
