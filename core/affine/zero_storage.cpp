@@ -32,14 +32,18 @@ void add_run(TensorMap& map, int rank, int64_t begin, int64_t end, int64_t addre
 
 }  // namespace
 
-std::vector<TensorMap> zero12_flat_group(const std::vector<TensorInfo>& tensors, int dp, int64_t alignment) {
+int64_t zero12_partition_elements(int64_t total, int dp, int64_t alignment) {
   check_dp(dp);
   if (alignment <= 0) throw InvalidMapError("ZeRO flat-group alignment " + std::to_string(alignment));
+  if (total < 0) throw InvalidMapError("ZeRO flat group of " + std::to_string(total) + " elements");
+  const int64_t unit = dp * alignment;
+  return (total + unit - 1) / unit * unit / dp;
+}
+
+std::vector<TensorMap> zero12_flat_group(const std::vector<TensorInfo>& tensors, int dp, int64_t alignment) {
   int64_t total = 0;
   for (const auto& t : tensors) total += t.shape.product();
-  const int64_t unit = dp * alignment;
-  const int64_t padded = (total + unit - 1) / unit * unit;
-  const int64_t partition = padded / dp;
+  const int64_t partition = zero12_partition_elements(total, dp, alignment);
   std::vector<TensorMap> maps;
   int64_t start = 0;  // of the tensor in the flat group
   for (const auto& t : tensors) {

@@ -28,6 +28,10 @@ namespace tessera::affine {
 // Maps of the tensors of one ZeRO-1/2 flat group, in input order.
 std::vector<TensorMap> zero12_flat_group(const std::vector<TensorInfo>& tensors, int dp, int64_t alignment = 1);
 
+// P of zero12_flat_group: `total` elements padded to a multiple of dp * alignment, over dp. The
+// one place this arithmetic lives (core/zero's FlatGroupLayout uses it too).
+int64_t zero12_partition_elements(int64_t total, int dp, int64_t alignment = 1);
+
 // ZeRO-3 partition map of one tensor (rank r's buffer is its P-element ds_tensor).
 TensorMap zero3_partition(const TensorInfo& tensor, int dp);
 

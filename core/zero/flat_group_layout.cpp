@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/affine/zero_storage.h"
 #include "core/error.h"
 
 namespace tessera::zero {
@@ -22,9 +23,9 @@ FlatGroupLayout make_flat_group_layout(const std::vector<std::string>& names, co
     layout.params.push_back({names[i], numels[i], layout.numel});
     layout.numel += numels[i];
   }
-  const int64_t quantum = dp_size * alignment_elements;
-  layout.padded_numel = std::max<int64_t>(quantum, (layout.numel + quantum - 1) / quantum * quantum);
-  layout.partition_numel = layout.padded_numel / dp_size;
+  // The storage maps (affine::zero12_flat_group) describe this layout: one rule for both.
+  layout.partition_numel = affine::zero12_partition_elements(layout.numel, int(dp_size), alignment_elements);
+  layout.padded_numel = layout.partition_numel * dp_size;
   return layout;
 }
 

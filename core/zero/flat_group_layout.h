@@ -37,7 +37,7 @@ struct FlatGroupLayout {
   std::vector<ParameterSlot> params;
   int64_t dp_size = 1;
   int64_t numel = 0;           // sum of the parameters' numels
-  int64_t padded_numel = 0;    // numel rounded up to dp_size * alignment
+  int64_t padded_numel = 0;    // numel rounded up to dp_size * alignment (0 for an empty group)
   int64_t partition_numel = 0; // padded_numel / dp_size
 
   int64_t partition_begin(int64_t rank) const { return rank * partition_numel; }
