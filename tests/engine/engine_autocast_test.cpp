@@ -17,11 +17,7 @@ namespace {
 
 using namespace tessera::engine_testing;
 
-tessera::nn::GptConfig small_gpt() {
-  tessera::nn::GptConfig c;
-  c.d_model = 32, c.n_layer = 2, c.n_head = 2, c.context = 16, c.seed = 31;
-  return c;
-}
+tessera::nn::GptConfig small_gpt() { return small_gpt_config(31); }
 
 std::string config(int stage, bool autocast) {
   std::string c = "train_micro_batch_size_per_gpu = " + std::to_string(8 / kWorld) +

@@ -13,11 +13,7 @@ namespace {
 
 using namespace tessera::engine_testing;
 
-tessera::nn::GptConfig small_gpt() {
-  tessera::nn::GptConfig c;
-  c.d_model = 32, c.n_layer = 2, c.n_head = 2, c.context = 16, c.seed = 21;
-  return c;
-}
+tessera::nn::GptConfig small_gpt() { return small_gpt_config(21); }
 
 torch::Tensor rank_loss(tessera::nn::TinyGpt& model, int step, int rank) {
   auto b = corpus().batch(5, step, 0, 8, 16, rank, kWorld);

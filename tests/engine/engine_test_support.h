@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/data/byte_corpus.h"
+#include "core/nn/tiny_gpt.h"
 #include "transport/launch_env.h"
 
 namespace tessera::engine_testing {
@@ -22,6 +23,14 @@ inline const int kWorld = transport::LaunchEnv::from_env().world_size;
 // Debian's license texts (base-files), loaded once per process.
 inline const data::ByteCorpus& corpus() {
   static data::ByteCorpus c(data::ByteCorpus::default_paths());
+  return c;
+}
+
+// The tests' small GPT: 2 blocks of width 32, 16-token context (tens of thousands of parameters:
+// several reduce buckets, parameters straddling partitions).
+inline nn::GptConfig small_gpt_config(uint64_t seed) {
+  nn::GptConfig c;
+  c.d_model = 32, c.n_layer = 2, c.n_head = 2, c.context = 16, c.seed = seed;
   return c;
 }
 
