@@ -12,6 +12,7 @@
 
 #include "actors/actor_runtime.h"
 #include "actors/autocast.h"
+#include "actors/bucket_staging.h"
 #include "actors/group_resolution.h"
 #include "actors/detail/engine_shared.h"
 #include "actors/engine_settings.h"
@@ -55,8 +56,7 @@ struct Engine::Impl {
   std::atomic<bool> double_boundary_backward{false};  // a second unscoped backward at a boundary
   double last_grad_norm = -1;
   StepTiming timing;
-  std::exception_ptr backward_error;  // a reduction at the end of a backward failed
-  double backward_wait_s = 0;         // partitioned gradients: waiting at the ends of backwards
+  std::shared_ptr<actors::BucketStaging> staging;  // partitioned gradients: the current backward's buckets
 
   bool boundary() const { return (micro + 1) % settings.gradient_accumulation_steps == 0; }
   // DeepSpeed steps the scheduler only after updates that were not skipped.
@@ -102,24 +102,6 @@ struct Engine::Impl {
     if (issued.error) std::rethrow_exception(issued.error);
     issued.wait_all();
   }
-  // The end of a reducing backward with partitioned gradients: every bucket is issued, and
-  // waited for (as DeepSpeed's stage 2 synchronises at the end of each backward), so the next
-  // backward's gradients never meet this one's in a parameter's .grad. Errors wait for step().
-  void finish_partitioned_backward() {
-    try {
-      const auto t0 = std::chrono::steady_clock::now();
-      drain();
-      backward_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } catch (...) {
-      if (!backward_error) backward_error = std::current_exception();
-    }
-  }
-  void rethrow_backward_error() {
-    if (!backward_error) return;
-    auto e = backward_error;
-    backward_error = nullptr;
-    std::rethrow_exception(e);
-  }
   // After a backward that reduces nothing: its low-precision gradients go into the fp32
   // accumulators (a reducing backward's are folded bucket by bucket by the reducer).
   void fold_all() {
@@ -137,9 +119,17 @@ struct Engine::Impl {
   void start_reduction() {
     ++boundary_backwards;
     if (shared->world > 1) {
+      staging = shared->partitioned_gradients ? std::make_shared<actors::BucketStaging>(shared) : nullptr;
       reducing = true;
-      caf::anon_send(reducer, actors::begin_atom::value);
+      caf::anon_send(reducer, actors::begin_atom::value, staging);
     }
+  }
+  // The end of a reducing backward: with partitioned gradients the parameters autograd did not
+  // report (unused here, or accumulated in no_sync) are staged too; then every bucket is issued.
+  void end_reduction() {
+    if (staging) staging->take_rest();
+    staging = nullptr;
+    caf::anon_send(reducer, actors::flush_atom::value);
   }
   // Called before every backward the engine knows of: checks, then arms the reduction.
   void arm_backward() {
@@ -299,15 +289,13 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       shared->parameters,
       [raw, reducer](int64_t i) {
         if (!raw->armed.exchange(true)) raw->arm_from_hook();
-        if (raw->reducing.load()) caf::anon_send(reducer, actors::ready_atom::value, i);
+        if (!raw->reducing.load()) return;
+        if (raw->staging) raw->staging->take(i);  // before the reducer hears of it (bucket_staging.h)
+        caf::anon_send(reducer, actors::ready_atom::value, i);
       },
-      [raw, reducer] {
-        if (raw->reducing.load()) {
-          caf::anon_send(reducer, actors::flush_atom::value);
-          if (raw->shared->partitioned_gradients) raw->finish_partitioned_backward();
-        } else {
-          raw->fold_all();
-        }
+      [raw] {
+        if (raw->reducing.load()) raw->end_reduction();
+        else raw->fold_all();
         raw->reducing = false;
         raw->armed = false;
       });
@@ -330,7 +318,6 @@ void Engine::backward(const at::Tensor& loss) {
   scale(loss).backward();
   s.reducing = false;
   s.armed = false;
-  s.rethrow_backward_error();
 }
 
 at::Tensor Engine::scale(const at::Tensor& loss) {
@@ -345,7 +332,6 @@ at::Tensor Engine::scale(const at::Tensor& loss) {
 
 void Engine::step() {
   auto& s = *impl_;
-  s.rethrow_backward_error();
   if (!s.boundary()) {
     ++s.micro;
     return;
@@ -382,8 +368,7 @@ void Engine::step() {
     s.last_lrs.clear();
     for (const auto& hp : request.hyperparameters) s.last_lrs.push_back(hp.lr);
   }
-  s.timing = StepTiming{report.reduction_wait_s + s.backward_wait_s, report.update_s, report.gather_s};
-  s.backward_wait_s = 0;
+  s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s};
   if (report.overflow) ++s.skipped;
   if (s.scaler) {
     const auto update = s.scaler->update(report.overflow);
@@ -405,7 +390,6 @@ void Engine::zero_grad() {
     // Reductions may still be writing into the gradients: finish them first.
     s.drain();
   }
-  s.backward_error = nullptr;
   impl_->zero_flat_grads();
   impl_->unarmed_backward = false;
   impl_->double_boundary_backward = false;
@@ -429,10 +413,7 @@ Engine::Scope Engine::coalesce_grad_reduction() {
     // One pass over the accumulated gradients: every bucket, in order, once.
     if (s->reduces_now() && !s->refuses_second_reduction()) {
       s->start_reduction();
-      if (s->shared->world > 1) {
-        caf::anon_send(s->reducer, actors::flush_atom::value);
-        if (s->shared->partitioned_gradients) s->finish_partitioned_backward();
-      }
+      if (s->shared->world > 1) s->end_reduction();
       s->reducing = false;
     }
   });

@@ -17,8 +17,7 @@
 // and are reduced once, in the backward of the boundary micro-step. Stage 2 (across ranks) keeps
 // no full gradient buffer: every backward's gradients are copied into reduce-scatter buckets as
 // they become ready, released, and added into this rank's gradient partition (DeepSpeed's
-// order: average per micro-step, then sum), and each backward waits for its reductions at its
-// end. A plain loss.backward() outside the engine (a joint loss over several engines) is
+// order: average per micro-step, then sum); backward does not wait for them. A plain loss.backward() outside the engine (a joint loss over several engines) is
 // recognised by the hooks and reduced the same way. In fp32 at 2 ranks the result equals a
 // single-process LibTorch run that averages the ranks' gradients in the same order, bit for bit
 // (tests/engine checks it).
@@ -68,9 +67,7 @@ class Communicator;
 
 // Where the time of the last update went (seconds, measured by the optimizer shard).
 struct StepTiming {
-  // Reductions not yet finished when step() began, or (stage 2) when each backward ended: the
-  // reduction time not hidden behind backward.
-  double reduction_wait_s = 0;
+  double reduction_wait_s = 0;  // reductions not yet finished when step() began (not hidden by backward)
   double update_s = 0;          // unscale, overflow check, clip and optimizer update
   double gather_s = 0;          // all-gather of the updated partitions
 };

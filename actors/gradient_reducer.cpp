@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "actors/bucket_staging.h"
 #include "actors/detail/engine_shared.h"
 #include "actors/protocol.h"
 
@@ -15,43 +16,35 @@ struct ReducerState {
   size_t next = 0;               // next bucket to issue
   bool active = false;
   WorkList issued;               // since the last collect
-  // Partitioned gradients: each bucket's packed input, filled as its parameters become ready.
-  std::vector<at::Tensor> staging;
-  std::vector<std::pair<int64_t, int64_t>> place;  // per parameter: (flat group, index in it)
+  size_t finished = 0;           // issued.works[0, finished) completed and finished
+  std::shared_ptr<BucketStaging> staging;  // partitioned gradients: this backward's bucket inputs
 
-  void start() {  // not begin(): CAF would take the state for a container
+  void start(std::shared_ptr<BucketStaging> buckets) {  // not begin(): CAF would take the state for a container
     const auto& plan = shared->plan;
     missing.assign(plan.buckets.size(), 0);
     for (size_t k = 0; k < plan.buckets.size(); ++k) missing[k] = int64_t(plan.buckets[k].params.size());
     seen.assign(plan.param_buckets.size(), 0);
-    staging.assign(plan.buckets.size(), at::Tensor());
-    if (place.empty()) {
-      place.resize(plan.param_buckets.size());
-      for (size_t g = 0; g < shared->groups.size(); ++g)
-        for (size_t j = 0; j < shared->groups[g].params.size(); ++j)
-          place[shared->groups[g].params[j]] = {int64_t(g), int64_t(j)};
-    }
+    staging = std::move(buckets);
     next = 0;
     active = true;
   }
 
-  // Partitioned gradients: copies parameter `param`'s .grad (final for this backward; absent
-  // means zero) into the staging buffers of its buckets, then releases it.
-  void take(int64_t param) {
-    const auto& plan = shared->plan;
-    const auto& group = shared->groups[place[param].first];
-    const auto& p = shared->parameters[param];
-    at::Tensor grad = p.grad().defined() ? p.grad().reshape(-1) : at::Tensor();
-    for (int64_t k : plan.param_buckets[param]) {
-      const auto& bucket = plan.buckets[k];
-      if (!staging[k].defined())
-        staging[k] = at::zeros({(bucket.end - bucket.begin) * shared->world},
-                               at::TensorOptions().dtype(group.comm_dtype));
-      if (!grad.defined()) continue;
-      for (const auto& c : zero::staging_copies(group.flat->layout(), plan.shape, bucket, place[param].second))
-        staging[k].narrow(0, c.staging_begin, c.length).copy_(grad.narrow(0, c.param_begin, c.length));
+  // Partitioned gradients: runs the finisher of every leading work already complete (adding its
+  // output into the reduced partition, in issue order) and drops it, so its staging buffer is
+  // freed while training goes on instead of at step(). Never blocks.
+  void finish_completed() {
+    while (finished < issued.works.size() && issued.works[finished]->done()) {
+      try {
+        issued.works[finished]->wait();
+        if (issued.finish[finished]) issued.finish[finished]();
+      } catch (...) {
+        if (!issued.error) issued.error = std::current_exception();
+        return;
+      }
+      issued.works[finished] = nullptr;
+      issued.finish[finished] = nullptr;
+      ++finished;
     }
-    p.mutable_grad() = at::Tensor();
   }
 
   void issue(size_t k) {
@@ -64,9 +57,7 @@ struct ReducerState {
       average.op = transport::ReduceOp::avg;
       if (shared->partitioned_gradients) {
         // Reduce-scatter the packed input; this rank's slice is added into its partition.
-        auto input = staging[k].defined() ? std::move(staging[k])
-                                          : at::zeros({length * shared->world}, at::TensorOptions().dtype(group.comm_dtype));
-        staging[k] = at::Tensor();
+        auto input = staging->release(k);
         auto out = at::empty({length}, input.options());
         issued.works.push_back(shared->dp->reduce_scatter(input, out, average));
         auto slice = group.reduced.narrow(0, bucket.begin, length);
@@ -113,19 +104,12 @@ struct ReducerState {
   void ready(int64_t param) {
     if (!active || param < 0 || size_t(param) >= seen.size() || seen[param]) return;
     seen[param] = 1;
-    if (shared->partitioned_gradients) take(param);
     for (int64_t k : shared->plan.param_buckets[param]) --missing[k];
     if (shared->overlap_comm) issue_ready();  // else everything waits for flush (end of backward)
   }
 
   void flush() {
     if (!active) return;
-    if (shared->partitioned_gradients) {
-      // Parameters autograd did not report (unused in this backward, or a coalesced / no_sync
-      // reduction with no backward running): their accumulated .grad, or zeros.
-      for (size_t param = 0; param < seen.size(); ++param)
-        if (!seen[param]) seen[param] = 1, take(int64_t(param));
-    }
     while (next < missing.size()) issue(next++);
   }
 };
@@ -133,15 +117,22 @@ struct ReducerState {
 caf::behavior reducer(caf::stateful_actor<ReducerState>* self, std::shared_ptr<detail::EngineShared> shared) {
   self->state.shared = std::move(shared);
   return {
-      [=](begin_atom) { self->state.start(); },
-      [=](ready_atom, int64_t param) { self->state.ready(param); },
-      [=](flush_atom) { self->state.flush(); },
+      [=](begin_atom, std::shared_ptr<BucketStaging> staging) { self->state.start(std::move(staging)); },
+      [=](ready_atom, int64_t param) {
+        self->state.ready(param);
+        self->state.finish_completed();
+      },
+      [=](flush_atom) {
+        self->state.flush();
+        self->state.finish_completed();
+      },
       [=](collect_atom) -> WorkList {
         auto& s = self->state;
         s.flush();
         s.active = false;
         WorkList out = std::move(s.issued);
         s.issued = WorkList{};
+        s.finished = 0;
         return out;
       },
   };

@@ -1,6 +1,7 @@
 // The messages of tessera's actors, in one place so the protocol reads top to bottom.
 //
-// gradient-reducer   <- begin            a backward whose gradients must be reduced starts
+// gradient-reducer   <- begin(staging)   a backward whose gradients must be reduced starts
+//                                        (staging: its bucket inputs with partitioned gradients)
 //                    <- ready(i)         parameter i's gradient is final for this backward
 //                    <- flush            backward ended: issue every bucket not issued yet
 //                    <- collect -> WorkList   the reductions issued since `begin` (flushes first)
@@ -19,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "actors/bucket_staging.h"
 #include "core/optim/flat_optimizer.h"
 #include "transport/communicator.h"
 
@@ -38,9 +40,10 @@ struct WorkList {
   std::vector<std::function<void()>> finish;
   std::exception_ptr error;                             // issuing failed
 
-  // Waits for every work in order and runs its finisher.
+  // Waits for every work in order and runs its finisher (a null work was finished already).
   void wait_all() {
     for (size_t i = 0; i < works.size(); ++i) {
+      if (!works[i]) continue;
       works[i]->wait();
       if (i < finish.size() && finish[i]) finish[i]();
     }
@@ -68,6 +71,7 @@ struct GatherReport {
 
 }  // namespace tessera::actors
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<tessera::actors::BucketStaging>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WorkList)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepReport)

@@ -4,10 +4,9 @@
 //   tools/tessera-launch --nproc-per-node 2 build/bench/zero_step/zero_step [--steps 8]
 // Rank 0 prints one JSON line per (stage, overlap_comm).
 //
-// hidden_fraction = 1 - wait_on / wait_off, where wait is the time spent waiting for reductions
-// still running when backward ended (the part not hidden; at stage 2 each backward waits for its
-// own): with overlap off every reduction starts at the end of backward, so wait_off is the whole
-// reduction time. gradient_mb is the gradient memory per rank right after backward.
+// hidden_fraction = 1 - wait_on / wait_off, where wait is the time step() spends waiting for
+// reductions still running when backward ended (the part not hidden): with overlap off every
+// reduction starts at the end of backward, so wait_off is the whole reduction time. gradient_mb is the gradient memory per rank right after backward.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
