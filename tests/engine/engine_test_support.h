@@ -4,7 +4,7 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
 
 #include <functional>
 #include <map>
