@@ -92,13 +92,11 @@ struct Engine::Impl {
   void drain() {
     caf::scoped_actor self{actors::actor_system()};
     actors::WorkList issued;
-    bool answered = false;
+    std::string failure;
     self->request(reducer, std::chrono::milliseconds(settings.collective_timeout_ms), actors::collect_atom::value)
-        .receive([&](actors::WorkList& w) { issued = std::move(w), answered = true; },
-                 [&](caf::error& e) {
-                   throw Error("gradient-reducer did not hand over its reductions: " + actors::actor_system().render(e));
-                 });
-    if (!answered) return;
+        .receive([&](actors::WorkList& w) { issued = std::move(w); },
+                 [&](caf::error& e) { failure = actors::actor_system().render(e); });
+    if (!failure.empty()) throw Error("gradient-reducer did not hand over its reductions: " + failure);
     if (issued.error) std::rethrow_exception(issued.error);
     issued.wait_all();
   }
