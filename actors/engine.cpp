@@ -13,6 +13,7 @@
 #include "actors/actor_runtime.h"
 #include "actors/autocast.h"
 #include "actors/bucket_staging.h"
+#include "actors/client_optimizer.h"
 #include "actors/group_resolution.h"
 #include "actors/detail/engine_shared.h"
 #include "actors/engine_settings.h"
@@ -194,7 +195,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   std::vector<optim::LrSchedule> schedules;
   for (auto& g : groups) {
     g.options.bf16_states = settings.bf16_optimizer_states;
-    optim::make_flat_optimizer(g.options);  // validates (ConfigError naming the field)
+    if (!g.client_step) optim::make_flat_optimizer(g.options);  // validates (ConfigError naming the field)
     schedules.emplace_back(actors::group_schedule(settings, g.options));
   }
   std::vector<std::string> names;
@@ -241,6 +242,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
     shared->shapes.push_back(p.sizes().vec());
     shared->parameters.push_back(p);
   }
+  if (!groups.empty() && groups.front().client_step) actors::detach_client_parameters(*options.optimizer);
   std::vector<zero::FlatGroupLayout> layouts;
   std::vector<std::vector<int64_t>> model_index;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -267,7 +269,10 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       }
       layouts.push_back(group.flat->layout());
       model_index.push_back(ids);
-      impl->optimizers.push_back(optim::make_flat_optimizer(groups[g].options));
+      if (groups[g].client_step)
+        impl->optimizers.push_back(std::make_shared<actors::ClientStepOptimizer>(options.optimizer, g, groups[g].options));
+      else
+        impl->optimizers.push_back(optim::make_flat_optimizer(groups[g].options));
       shared->groups.push_back(std::move(group));
     }
   }

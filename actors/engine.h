@@ -90,9 +90,10 @@ struct InitializeOptions {
   // DeepSpeed's model_parameters as groups with their own settings; empty: one group of every
   // trainable parameter.
   std::vector<ParamGroup> param_groups;
-  // A client optimizer built on the model's parameters (torch::optim Adam, AdamW, SGD, Adagrad),
-  // instead of the config's `optimizer` section: its groups and options are used, and it is
-  // translated, not called (group_resolution.h). The engine's optimizer replaces it.
+  // A client optimizer built on the model's parameters, instead of the config's `optimizer`
+  // section: its groups and options are used. torch::optim Adam, AdamW, SGD and Adagrad are
+  // translated to tessera's flat optimizers; any other class is called by its own step() on the
+  // partitions (group_resolution.h, client_optimizer.h). The engine's optimizer replaces it.
   std::shared_ptr<torch::optim::Optimizer> optimizer;
 };
 

@@ -7,15 +7,15 @@
 
 #include <algorithm>
 #include <map>
-#include <typeinfo>
+#include <optional>
 
 #include "core/error.h"
 
 namespace tessera::actors {
 namespace {
 
-// The flat-optimizer settings of one torch::optim group's options; Error for other classes.
-optim::OptimizerOptions translate(const torch::optim::OptimizerOptions& o, size_t group) {
+// The flat-optimizer settings of one torch::optim group's options; nullopt for other classes.
+std::optional<optim::OptimizerOptions> translate(const torch::optim::OptimizerOptions& o) {
   optim::OptimizerOptions out;
   if (const auto* a = dynamic_cast<const torch::optim::AdamWOptions*>(&o)) {
     out.kind = optim::OptimizerKind::AdamW;
@@ -34,9 +34,7 @@ optim::OptimizerOptions translate(const torch::optim::OptimizerOptions& o, size_
     out.lr = ada->lr(), out.lr_decay = ada->lr_decay(), out.weight_decay = ada->weight_decay();
     out.initial_accumulator_value = ada->initial_accumulator_value(), out.eps = ada->eps();
   } else {
-    throw ConfigError("initialize: the client optimizer's group " + std::to_string(group) + " has options of type " +
-                      typeid(o).name() +
-                      "; tessera takes torch::optim Adam, AdamW, SGD or Adagrad (or an `optimizer` config section)");
+    return std::nullopt;
   }
   return out;
 }
@@ -90,8 +88,16 @@ std::vector<ResolvedGroup> resolve_groups(const std::vector<std::pair<std::strin
       throw ConfigError("initialize: the client optimizer already holds state for " +
                         std::to_string(client->state().size()) + " parameters; pass a fresh optimizer");
     for (size_t g = 0; g < client_groups.size(); ++g) {
-      out.push_back({{}, translate(client_groups[g].options(), g)});
-      if (out[g].options.kind != out[0].options.kind)
+      const auto& options = client_groups[g].options();
+      ResolvedGroup group;
+      if (auto translated = translate(options)) {
+        group.options = *translated;
+      } else {
+        group.client_step = true;
+        group.options.lr = options.get_lr();
+      }
+      out.push_back(group);
+      if (out[g].client_step != out[0].client_step || out[g].options.kind != out[0].options.kind)
         throw ConfigError("initialize: the client optimizer's groups mix optimizer types");
       for (const auto& p : client_groups[g].params()) claim(g, index_of(p, g), "client optimizer");
     }

@@ -4,9 +4,10 @@
 // its groups' options; the config must then have no optimizer section). Every problem is an
 // Error naming the parameter, group or option, raised before the engine changes anything.
 //
-// A client optimizer is translated, not called: Adam, AdamW, SGD and Adagrad map to the flat
-// optimizers that follow torch::optim operation for operation, so results are those of the
-// client's class bit for bit; other classes are refused by name.
+// A client optimizer is translated where it can be: Adam, AdamW, SGD and Adagrad map to the flat
+// optimizers that follow torch::optim operation for operation (results are the client class's
+// bit for bit, and its states appear in storage maps); any other class is called on the flat
+// partitions by its own step() (client_optimizer.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,6 +29,9 @@ namespace tessera::actors {
 struct ResolvedGroup {
   std::vector<int64_t> params;  // indices into the trainable parameters (model order), ascending
   optim::OptimizerOptions options;
+  // A client optimizer of a class tessera does not translate: its own step() updates this group
+  // (client_optimizer.h); options hold only its lr.
+  bool client_step = false;
 };
 
 // `trainable`: the module's parameters that require grad, in model order. `config_options`: the

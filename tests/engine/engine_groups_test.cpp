@@ -127,6 +127,31 @@ TEST_CASE("A client AdamW with the same groups equals the param_groups route", "
   expect_same_parameters(train(model, *init.engine, 4), expected);
 }
 
+TEST_CASE("A client optimizer of another class (RMSprop, two groups) runs by its own step() on the partitions",
+          "[engine][groups]") {
+  auto rmsprop_two_groups = [](torch::nn::Module& m) -> std::shared_ptr<torch::optim::Optimizer> {
+    std::vector<torch::Tensor> matrices, vectors;
+    for (auto& p : m.parameters()) (is_vector(p) ? vectors : matrices).push_back(p);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(matrices, std::make_unique<torch::optim::RMSpropOptions>(
+                                      torch::optim::RMSpropOptions(2e-3).alpha(0.95).momentum(0.5).weight_decay(1e-3)));
+    groups.emplace_back(vectors, std::make_unique<torch::optim::RMSpropOptions>(torch::optim::RMSpropOptions(1e-3)));
+    return std::make_shared<torch::optim::RMSprop>(groups, torch::optim::RMSpropOptions(2e-3));
+  };
+  const auto expected = oracle(rmsprop_two_groups, 5);
+  for (int stage : {0, 1, 2}) {
+    INFO("stage " << stage);
+    tessera::nn::TinyGpt model(small_gpt());
+    tessera::InitializeOptions options;
+    options.optimizer = rmsprop_two_groups(*model.module());
+    auto init = tessera::initialize(model.module(), load(config(stage, false)), options);
+    CHECK(init.engine->get_lrs() == std::vector<double>{2e-3, 1e-3});
+    expect_same_parameters(train(model, *init.engine, 5), expected);
+    // Its states are its own: storage maps describe weights and masters only.
+    for (const auto& m : init.engine->storage_maps().maps) CHECK((m.kind == "param" || m.kind == "master"));
+  }
+}
+
 TEST_CASE("Schedules set each group's lr as DeepSpeed's do; set_lr works without one", "[engine][groups]") {
   auto two_groups = [](tessera::nn::TinyGpt& model) {
     std::vector<tessera::ParamGroup> groups(2);
@@ -215,9 +240,15 @@ TEST_CASE("Bad groups and client optimizers are refused before the model changes
   tessera::InitializeOptions both;
   both.optimizer = adamw_two_groups(*model.module());
   CHECK_THROWS_WITH(attempt(both), Catch::Contains("both a client optimizer and an `optimizer` config section"));
-  tessera::InitializeOptions rmsprop;
-  rmsprop.optimizer = std::make_shared<torch::optim::RMSprop>(model.module()->parameters(), torch::optim::RMSpropOptions(1e-3));
-  CHECK_THROWS_WITH(attempt(rmsprop, false), Catch::Contains("Adam, AdamW, SGD or Adagrad"));
+  tessera::InitializeOptions used;
+  used.optimizer = std::make_shared<torch::optim::RMSprop>(model.module()->parameters(), torch::optim::RMSpropOptions(1e-3));
+  average_rank_gradients(model.module()->parameters(), [&](int rank) { return rank_loss(model, 0, rank); });
+  used.optimizer->step();  // now it holds state for every parameter
+  for (const auto& [name, p] : snapshot_parameters(*model.module())) {
+    torch::NoGradGuard no_grad;
+    model.module()->named_parameters()[name].copy_(before.at(name));  // undo the step, keep the state
+  }
+  CHECK_THROWS_WITH(attempt(used, false), Catch::Contains("already holds state"));
   tessera::InitializeOptions none;
   CHECK_THROWS_WITH(attempt(none, false), Catch::Contains("optimizer"));
   for (const auto& [name, p] : snapshot_parameters(*model.module())) CHECK(torch::equal(p, before.at(name)));
