@@ -39,9 +39,8 @@ EngineSettings engine_settings(const config::Config& c) {
   }
   {
     const auto& a = c.data_types.grad_accum_dtype;
-    const bool fp32 = a == "fp32" || a == "float32" || a == "float";
-    const bool half = a == "fp16" || a == "float16" || a == "half";
-    const bool bf16 = a == "bf16" || a == "bfloat16";
+    const auto accum = config::canonical_dtype(a);
+    const bool fp32 = accum == "fp32", half = accum == "fp16", bf16 = accum == "bf16";
     const auto where = (c.source.empty() ? std::string() : c.source + ": ") + "data_types.grad_accum_dtype = \"" + a + "\"";
     if ((half && s.precision != Precision::fp16) || (bf16 && s.precision != Precision::bf16))
       throw ConfigError(where + ": gradients accumulate in the model's dtype or in fp32; this model trains in " +
@@ -52,8 +51,7 @@ EngineSettings engine_settings(const config::Config& c) {
   }
   if (c.torch_autocast.enabled) {
     const auto& d = c.torch_autocast.dtype;
-    const bool bf16 = d == "bfloat16" || d == "torch.bfloat16" || d == "bf16";
-    if (!bf16)
+    if (config::canonical_dtype(d) != "bf16")
       throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") + "torch_autocast.dtype = \"" + d +
                         "\": LibTorch's CPU autocast runs only bfloat16 (and fp16 autocast needs a grad scaler)");
     s.autocast = true;

@@ -13,6 +13,14 @@ const char* name_of(PartitionType v) { return detail::enum_name(v); }
 const char* name_of(TransportBackend v) { return detail::enum_name(v); }
 const char* name_of(ReplicaPolicy v) { return detail::enum_name(v); }
 
+std::string canonical_dtype(const std::string& spelling) {
+  const std::string s = spelling.rfind("torch.", 0) == 0 ? spelling.substr(6) : spelling;
+  if (s == "fp32" || s == "float32" || s == "float") return "fp32";
+  if (s == "fp16" || s == "float16" || s == "half") return "fp16";
+  if (s == "bf16" || s == "bfloat16") return "bf16";
+  return "";
+}
+
 const char* name_of(Origin origin) {
   switch (origin) {
     case Origin::given: return "given";

@@ -62,6 +62,10 @@ const char* name_of(PartitionType v);
 const char* name_of(TransportBackend v);
 const char* name_of(ReplicaPolicy v);
 
+// A floating-point dtype as configs spell it (DeepSpeed accepts "bf16", "bfloat16",
+// "torch.bfloat16", "half", "float", ...): "fp32", "fp16" or "bf16"; "" for anything else.
+std::string canonical_dtype(const std::string& spelling);
+
 #define TESSERA_CONFIG_EQ(T)                                           \
   bool operator==(const T& o) const { return tie() == o.tie(); }       \
   bool operator!=(const T& o) const { return !(*this == o); }

@@ -93,17 +93,15 @@ class Checker {
     const bool bf16_on = !c_.bf16.enabled.is_auto && c_.bf16.enabled.value;
     if (fp16_on && bf16_on) error("bf16.enabled", "fp16.enabled and bf16.enabled are both true; enable one of them");
     const TorchAutocastConfig& a = c_.torch_autocast;
-    static const char* const kDtypes[] = {"bfloat16", "float16", "torch.bfloat16", "torch.float16", "bf16", "fp16", "half"};
-    if (std::find(std::begin(kDtypes), std::end(kDtypes), a.dtype) == std::end(kDtypes)) {
+    if (const auto d = canonical_dtype(a.dtype); d != "bf16" && d != "fp16") {
       error("torch_autocast.dtype", "expected bfloat16 or float16 (torch.bfloat16, torch.float16, bf16, fp16, half), got \"" + a.dtype + "\"");
     }
     if (a.enabled && (fp16_on || bf16_on)) {
       error("torch_autocast.enabled", std::string("torch_autocast cannot be combined with ") + (fp16_on ? "fp16" : "bf16") +
                                           ".enabled; use one mixed-precision mode");
     }
-    static const char* const kAccum[] = {"", "fp32", "float32", "float", "fp16", "float16", "half", "bf16", "bfloat16"};
     const auto& accum = c_.data_types.grad_accum_dtype;
-    if (std::find(std::begin(kAccum), std::end(kAccum), accum) == std::end(kAccum)) {
+    if (!accum.empty() && canonical_dtype(accum).empty()) {
       error("data_types.grad_accum_dtype", "expected fp32, fp16 or bf16 (float32, float, float16, half, bfloat16), got \"" +
                                                accum + "\"");
     }
