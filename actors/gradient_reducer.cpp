@@ -29,9 +29,9 @@ struct ReducerState {
     active = true;
   }
 
-  // Partitioned gradients: runs the finisher of every leading work already complete (adding its
-  // output into the reduced partition, in issue order) and drops it, so its staging buffer is
-  // freed while training goes on instead of at step(). Never blocks.
+  // Runs the finisher of every leading work already complete (in issue order: partitioned
+  // gradients add into the reduced partition) and drops it, so its staging buffer is freed while
+  // training goes on instead of at step(). Never blocks.
   void finish_completed() {
     while (finished < issued.works.size() && issued.works[finished]->done()) {
       try {
@@ -64,33 +64,14 @@ struct ReducerState {
         issued.finish.push_back([slice, out]() mutable { slice.add_(out); });
         return;
       }
-      if (group.accum.defined()) {  // this bucket's gradients are final: fold them first
-        if (shared->plan.shape == zero::BucketShape::all_reduce) {
-          group.fold(bucket.begin, length);
-        } else {
-          for (int r = 0; r < shared->world; ++r)
-            group.fold(r * group.flat->layout().partition_numel + bucket.begin, length);
-        }
-      }
-      const auto& grads = group.gradients();
-      const bool cast = group.comm_dtype != grads.scalar_type();  // autocast: reduce in bf16
+      // Stages 0/1 (stage 2 across ranks always partitions gradients): all-reduce in place.
+      if (group.accum.defined()) group.fold(bucket.begin, length);  // final now: fold it first
+      const auto range = group.gradients().narrow(0, bucket.begin, length);
+      const bool cast = group.comm_dtype != range.scalar_type();  // autocast: reduce in bf16
+      auto data = cast ? range.to(group.comm_dtype) : range;
+      issued.works.push_back(shared->dp->all_reduce(data, average));
       std::function<void()> finish;
-      if (shared->plan.shape == zero::BucketShape::all_reduce) {
-        auto range = grads.narrow(0, bucket.begin, length);
-        auto data = cast ? range.to(group.comm_dtype) : range;
-        issued.works.push_back(shared->dp->all_reduce(data, average));
-        if (cast) finish = [range, data]() mutable { range.copy_(data); };
-      } else {
-        // Input: slice [r*P + begin, r*P + end) of every rank r, packed; output: our own slice.
-        const int64_t P = group.flat->layout().partition_numel;
-        auto staging = at::empty({length * shared->world}, grads.options().dtype(group.comm_dtype));
-        for (int r = 0; r < shared->world; ++r)
-          staging.narrow(0, r * length, length).copy_(grads.narrow(0, r * P + bucket.begin, length));
-        auto own = grads.narrow(0, shared->rank * P + bucket.begin, length);
-        auto out = cast ? at::empty({length}, staging.options()) : own;
-        issued.works.push_back(shared->dp->reduce_scatter(staging, out, average));
-        if (cast) finish = [own, out]() mutable { own.copy_(out); };
-      }
+      if (cast) finish = [range, data]() mutable { range.copy_(data); };
       issued.finish.push_back(std::move(finish));
     } catch (...) {
       issued.error = std::current_exception();

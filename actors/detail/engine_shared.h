@@ -54,8 +54,8 @@ struct EngineShared {
   bool fp16 = false;                  // check overflow and skip such steps
   bool fp32_master = false;           // keep fp32 master weights of the partition (bf16/fp16)
   bool overlap_comm = false;          // reduce buckets as they fill during backward, else at its end
-  // ZeRO-2 across ranks: no flat gradient buffer. The reducer copies each parameter's .grad into
-  // the staging buffers of its buckets when it is ready, releases it, and reduce-scatters into
+  // ZeRO-2 across ranks: no flat gradient buffer. Each ready .grad is copied into the staging of
+  // its buckets and released (BucketStaging), and the reducer reduce-scatters into
   // FlatGroup::reduced, at every backward (DeepSpeed's stage 2).
   bool partitioned_gradients = false;
   int rank = 0;        // in the data-parallel group
