@@ -58,12 +58,6 @@ weight_decay = 0.01
   }
 };
 
-std::map<std::string, torch::Tensor> snapshot(torch::nn::Module& m) {
-  std::map<std::string, torch::Tensor> out;
-  for (auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
-  return out;
-}
-
 Result run_engine(const Setup& s) {
   tessera::nn::TinyGpt model(small_gpt());
   auto config = tessera::config::load_config_text(s.toml(), tessera::config::Format::toml, "engine_oracle_test");
@@ -80,7 +74,7 @@ Result run_engine(const Setup& s) {
     }
   }
   CHECK(engine->global_steps() == s.steps);
-  r.params = snapshot(*model.module());
+  r.params = snapshot_parameters(*model.module());
   return r;
 }
 
@@ -132,7 +126,7 @@ Result run_oracle(const Setup& s, const OptimizerFactory& make_optimizer,
       for (auto& group : optimizer->param_groups()) group.options().set_lr(lr_at_update(step));
     optimizer->step();
   }
-  r.params = snapshot(*model.module());
+  r.params = snapshot_parameters(*model.module());
   return r;
 }
 
@@ -152,7 +146,7 @@ Result run_full_batch(const Setup& s, const OptimizerFactory& make_optimizer) {
     if (s.clip > 0) torch::nn::utils::clip_grad_norm_(params, s.clip);
     optimizer->step();
   }
-  r.params = snapshot(*model.module());
+  r.params = snapshot_parameters(*model.module());
   return r;
 }
 
@@ -267,7 +261,7 @@ warmup_type = "linear"
 
 TEST_CASE("Bad settings are refused before the model changes", "[engine]") {
   tessera::nn::TinyGpt model(small_gpt());
-  auto before = snapshot(*model.module());
+  auto before = snapshot_parameters(*model.module());
   auto load = [](const std::string& text) {
     return tessera::config::load_config_text("train_micro_batch_size_per_gpu = 2\n" + text,
                                              tessera::config::Format::toml, "bad.toml");
@@ -285,7 +279,7 @@ TEST_CASE("Bad settings are refused before the model changes", "[engine]") {
                     Catch::Contains("optimizer"));
   CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[data_types]\ngrad_accum_dtype = \"bf16\"\n" + opt)),
                     Catch::Contains("data_types.grad_accum_dtype") && Catch::Contains("trains in fp32"));
-  auto after = snapshot(*model.module());
+  auto after = snapshot_parameters(*model.module());
   for (auto& [name, p] : before) CHECK(torch::equal(p, after[name]));
 }
 

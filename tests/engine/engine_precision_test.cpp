@@ -78,12 +78,6 @@ Task mlp_task(int overflow_step = -1, int overflow_rank = -1) {
   return t;
 }
 
-std::map<std::string, torch::Tensor> snapshot(torch::nn::Module& m) {
-  std::map<std::string, torch::Tensor> out;
-  for (auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
-  return out;
-}
-
 struct Precision {
   torch::ScalarType dtype;
   bool fp32_master = true;
@@ -120,7 +114,7 @@ Run run_engine(const Task& task, const std::string& toml, int steps, int accumul
       engine->step();
       r.losses.push_back(loss.item<double>());
     }
-  r.params = snapshot(*model);
+  r.params = snapshot_parameters(*model);
   r.skipped = engine->skipped_steps();
   r.final_scale = engine->loss_scale();
   return r;
@@ -211,7 +205,7 @@ Run run_oracle(const Task& task, const Precision& p, int steps, int accumulation
       for (size_t i = 0; i < params.size(); ++i) params[i].copy_(masters[i]);
     }
   }
-  r.params = snapshot(*model);
+  r.params = snapshot_parameters(*model);
   return r;
 }
 
@@ -347,6 +341,6 @@ TEST_CASE("fp16: manual backward of an unscaled loss is refused; scale(loss).bac
     manual->scale(task.loss(*manual_model, step, 0, kRank)).backward();
     manual->step();
   }
-  auto got = snapshot(*manual_model);
+  auto got = snapshot_parameters(*manual_model);
   for (const auto& [name, p] : reference.params) CHECK(torch::equal(p, got.at(name)));
 }

@@ -41,12 +41,6 @@ std::shared_ptr<tessera::Engine> make_engine(tessera::nn::TinyGpt& m, int stage,
 }
 
 using Params = std::map<std::string, torch::Tensor>;
-Params snapshot(torch::nn::Module& m) {
-  Params out;
-  for (auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
-  return out;
-}
-
 // Oracle: per step, every rank's summed gradient over `chunks` backwards of loss(step, chunk) *
 // weight, averaged over ranks as Gloo does ((sum over ranks) / W), then AdamW.
 Params oracle(int steps, int chunks, uint64_t model_seed = 77, uint64_t data_seed = 5) {
@@ -64,21 +58,7 @@ Params oracle(int steps, int chunks, uint64_t model_seed = 77, uint64_t data_see
     for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = sums[i].div_(kWorld);
     opt.step();
   }
-  return snapshot(*m->module());
-}
-
-void expect_same(const Params& engine, const Params& expected) {
-  double worst = 0;
-  for (const auto& [name, p] : expected) {
-    const auto& q = engine.at(name);
-    if (kWorld <= 2) {
-      INFO(name);
-      CHECK(torch::equal(p, q));
-    }
-    worst = std::max(worst, (p - q).norm().item<double>() / p.norm().item<double>());
-  }
-  INFO("relative L2 difference " << worst);
-  CHECK(worst <= 1e-5);
+  return snapshot_parameters(*m->module());
 }
 
 }  // namespace
@@ -98,7 +78,7 @@ TEST_CASE("coalesce_grad_reduction: three backwards, one reduction, equal to the
       }
       engine->step();
     }
-    expect_same(snapshot(*m->module()), expected);
+    expect_same_parameters(snapshot_parameters(*m->module()), expected);
   }
 }
 
@@ -120,7 +100,7 @@ TEST_CASE("no_sync over two micro-steps then a reducing backward equals accumula
       engine->backward(loss_of(*m, step, 2, kRank));
       engine->step();
     }
-    expect_same(snapshot(*m->module()), expected);
+    expect_same_parameters(snapshot_parameters(*m->module()), expected);
   }
 }
 
@@ -134,8 +114,8 @@ TEST_CASE("Two engines in one process train independently like two single-engine
     engine_a->step();
     engine_b->step();
   }
-  expect_same(snapshot(*a->module()), expected_a);
-  expect_same(snapshot(*b->module()), expected_b);
+  expect_same_parameters(snapshot_parameters(*a->module()), expected_a);
+  expect_same_parameters(snapshot_parameters(*b->module()), expected_b);
 }
 
 TEST_CASE("A joint loss over two engines with a plain loss.backward() is reduced and stepped", "[engine][multi]") {
@@ -164,8 +144,8 @@ TEST_CASE("A joint loss over two engines with a plain loss.backward() is reduced
     engine_a->step();
     engine_b->step();
   }
-  expect_same(snapshot(*a->module()), snapshot(*oa->module()));
-  expect_same(snapshot(*b->module()), snapshot(*ob->module()));
+  expect_same_parameters(snapshot_parameters(*a->module()), snapshot_parameters(*oa->module()));
+  expect_same_parameters(snapshot_parameters(*b->module()), snapshot_parameters(*ob->module()));
 }
 
 TEST_CASE("Two plain backwards in one boundary micro-step are refused at step()", "[engine][scopes]") {

@@ -95,13 +95,7 @@ TEST_CASE("Storage maps rebuild weights, masters and AdamW states bitwise (fp32)
   auto params = oracle->parameters();
   torch::optim::AdamW opt(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
   for (int step = 0; step < 3; ++step) {
-    std::vector<torch::Tensor> sums(params.size());
-    for (int rank = 0; rank < kWorld; ++rank) {
-      for (auto& p : params) p.mutable_grad() = torch::Tensor();
-      oracle->loss(step, rank).backward();
-      for (size_t i = 0; i < params.size(); ++i) sums[i] = rank == 0 ? params[i].grad().clone() : sums[i].add_(params[i].grad());
-    }
-    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = sums[i].div_(kWorld);
+    average_rank_gradients(params, [&](int rank) { return oracle->loss(step, rank); });
     opt.step();
   }
   std::map<std::string, std::map<std::string, torch::Tensor>> expected;  // kind -> name -> tensor
