@@ -168,6 +168,21 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
+// ":<line>" of a JSON error: the parser's byte position for syntax errors; for a number that
+// overflows, the line of the first occurrence of the quoted token. "" when unknown.
+std::string json_error_line(std::string_view text, const nlohmann::json::exception& e) {
+  std::size_t at = std::string_view::npos;
+  if (const auto* parse = dynamic_cast<const nlohmann::json::parse_error*>(&e)) {
+    at = parse->byte > 0 ? parse->byte - 1 : 0;
+  } else {
+    const std::string what = e.what();
+    const std::size_t open = what.find('\''), close = what.rfind('\'');
+    if (open != std::string::npos && close > open + 1) at = text.find(what.substr(open + 1, close - open - 1));
+  }
+  if (at == std::string_view::npos || at > text.size()) return "";
+  return ":" + std::to_string(1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
+}
+
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -201,11 +216,14 @@ Node parse_json_text(std::string_view text, const std::string& origin) {
   nlohmann::ordered_json j;
   try {
     j = nlohmann::ordered_json::parse(text.begin(), text.end(), callback);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error (syntax) and out_of_range (a number too large for a double or an integer,
+    // "2e88739"): both are the file's fault, reported with the line where it happens.
     std::string what = e.what();
     const std::size_t bracket = what.find("] ");
     if (what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos) what = what.substr(bracket + 2);
-    throw ConfigError(origin + ": JSON syntax error: " + what);
+    throw ConfigError(origin + json_error_line(text, e) + ": JSON " +
+                      (dynamic_cast<const nlohmann::json::parse_error*>(&e) ? "syntax error: " : "value error: ") + what);
   }
   if (!duplicate.empty()) {
     throw ConfigError(origin + ": " + duplicate + ": the key appears twice in one object (DeepSpeed refuses this too)");

@@ -35,8 +35,10 @@ class Resolver {
     fill(z.offload_param.device, "zero_optimization.offload_param.device", facts_.offload_param_device);
     nvme_path(z.offload_optimizer.nvme_path, "zero_optimization.offload_optimizer.nvme_path", facts_.offload_optimizer_nvme_path);
     nvme_path(z.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path", facts_.offload_param_nvme_path);
+    // Decided by the save call when no fact gives it: pending, never an error (a file that works
+    // with DeepSpeed must not fail for a fact only a later call supplies).
     fill(z.stage3_gather_16bit_weights_on_model_save, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-         facts_.save_16bit_model);
+         facts_.save_16bit_model, /*decided_later=*/true);
     precision();
     fill(c_.gradient_clipping, "gradient_clipping", facts_.gradient_clipping);
     if (c_.optimizer) {
@@ -56,11 +58,13 @@ class Resolver {
 
  private:
   template <class T, class F>
-  void fill(Auto<T>& value, const std::string& path, const std::optional<F>& fact) {
+  void fill(Auto<T>& value, const std::string& path, const std::optional<F>& fact, bool decided_later = false) {
     if (!value.is_auto) return;
     if (fact) {
       value = Auto<T>(static_cast<T>(*fact));
       c_.provenance.set(path, Origin::derived, "from " + fact_for(path));
+    } else if (decided_later) {
+      c_.provenance.set(path, Origin::pending_auto, fact_for(path), c_.provenance.get(path).line);
     } else {
       missing(path, fact_for(path));
     }
@@ -274,7 +278,8 @@ std::string fact_for(const std::string& path) {
       {"zero_optimization.stage", "the ZeRO stage (--zero-stage)"},
       {"zero_optimization.offload_optimizer.device", "the optimizer offload device (--offload-optimizer none|cpu|nvme)"},
       {"zero_optimization.offload_param.device", "the parameter offload device (--offload-param none|cpu|nvme)"},
-      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", "whether to save 16-bit weights (--save-16bit-model)"},
+      {"zero_optimization.stage3_gather_16bit_weights_on_model_save",
+       "the save call, which decides whether to gather 16-bit weights (or --save-16bit-model)"},
       {"zero_optimization.reduce_bucket_size", kHidden},
       {"zero_optimization.stage3_prefetch_bucket_size", kHidden},
       {"zero_optimization.stage3_param_persistence_threshold", kHidden},

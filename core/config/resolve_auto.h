@@ -57,7 +57,9 @@ struct Facts {
 
 // Resolves every auto value and the batch sizes, then validates the result (validate.h). Throws
 // ConfigError naming each key that cannot be resolved and the fact it needs, or the batch
-// arithmetic that does not agree. The result has no auto value left.
+// arithmetic that does not agree. The result has no auto value left but
+// stage3_gather_16bit_weights_on_model_save, which the save call decides when no fact gives it
+// (it stays auto, pending in the provenance, and is never an error).
 Config resolve_auto(const Config& config, const Facts& facts);
 
 // What an engine calls before it touches anything: resolve_auto, then refuse_unsupported

@@ -281,3 +281,26 @@ TEST_CASE("comment keys are skipped and TOML values carry their line", "[config]
   const Config t = load_toml("# a comment\n\n[zero_optimization]\nstage = 2\n");
   CHECK(t.provenance.get("zero_optimization.stage").line == 4);
 }
+
+TEST_CASE("Transformers' tests/deepspeed ZeRO-3 file: the 16-bit save flag stays pending for the save call",
+          "[config][load][auto]") {
+  // "stage3_gather_16bit_weights_on_model_save": "auto" is decided when the model is saved; every
+  // other fact given, strict resolution (what the engine calls) must not fail on it.
+  const Config c = load_config(source_path("configs/deepspeed/hf_tests_ds_config_zero3.json"));
+  Facts f;
+  f.world_size = 2, f.hidden_size = 64, f.micro_batch_size = 2, f.gradient_accumulation_steps = 1;
+  f.lr = 1e-4, f.weight_decay = 0.0, f.betas = std::array<double, 2>{0.9, 0.999}, f.eps = 1e-8;
+  f.gradient_clipping = 1.0, f.warmup_steps = 10, f.mixed_precision = "bf16";
+  const Config r = resolve_auto(c, f);
+  CHECK(r.zero_optimization.stage3_gather_16bit_weights_on_model_save.is_auto);
+  const auto pending = pending_auto(r);
+  REQUIRE(pending.size() == 1);
+  CHECK(pending[0].first == "zero_optimization.stage3_gather_16bit_weights_on_model_save");
+  CHECK_THAT(pending[0].second, Catch::Contains("save"));
+  // With the fact, it is resolved like any other.
+  f.save_16bit_model = true;
+  CHECK(resolve_auto(c, f).zero_optimization.stage3_gather_16bit_weights_on_model_save == Auto<bool>(true));
+  // Negative control: a fact the engine needs still fails strict resolution, naming its key.
+  f.lr.reset();
+  CHECK_THROWS_WITH(resolve_auto(c, f), Catch::Contains("optimizer.params.lr"));
+}
