@@ -148,7 +148,9 @@ TEST_CASE("A client optimizer of another class (RMSprop, two groups) runs by its
     CHECK(init.engine->get_lrs() == std::vector<double>{2e-3, 1e-3});
     expect_same_parameters(train(model, *init.engine, 5), expected);
     // Its states are its own: storage maps describe weights and masters only.
-    for (const auto& m : init.engine->storage_maps().maps) CHECK((m.kind == "param" || m.kind == "master"));
+    const auto maps = init.engine->storage_maps().maps;
+    CHECK(maps.size() == 2 * model.module()->parameters().size());
+    for (const auto& m : maps) CHECK((m.kind == "param" || m.kind == "master"));
   }
 }
 
