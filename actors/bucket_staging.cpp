@@ -2,53 +2,112 @@
 
 #include <ATen/ATen.h>
 
-#include "actors/detail/engine_shared.h"
+#include <algorithm>
+
+#include "core/error.h"
 
 namespace tessera::actors {
 
-BucketStaging::BucketStaging(std::shared_ptr<const detail::EngineShared> shared) : shared_(std::move(shared)) {
-  const auto& plan = shared_->plan;
-  staging_.resize(plan.buckets.size());
-  taken_.assign(plan.param_buckets.size(), 0);
-  place_.resize(plan.param_buckets.size());
-  for (size_t g = 0; g < shared_->groups.size(); ++g)
-    for (size_t j = 0; j < shared_->groups[g].params.size(); ++j)
-      place_[shared_->groups[g].params[j]] = {int64_t(g), int64_t(j)};
+BucketStaging::BucketStaging(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters, int slots)
+    : spec_(std::move(spec)), parameters_(std::move(parameters)) {
+  const auto& plan = *spec_->plan;
+  for (const auto& b : plan.buckets().buckets)
+    slot_bytes_ = std::max<int64_t>(slot_bytes_, b.elements() * int64_t(c10::elementSize(spec_->comm_dtype(b.group))));
+  for (int s = 0; s < slots; ++s) {
+    slots_.push_back(at::empty({slot_bytes_}, at::TensorOptions().dtype(at::kByte).device(spec_->device)));
+    free_.push_back(s);
+  }
+  const size_t n = parameters_.size(), k = plan.buckets().buckets.size();
+  ready_.assign(n, 0);
+  uncopied_.assign(n, 0);
+  done_.resize(n);
+  missing_.assign(k, 0);
+  slot_of_.assign(k, -1);
 }
 
-at::Tensor& BucketStaging::buffer(size_t k) {
-  if (!staging_[k].defined()) {
-    const auto& bucket = shared_->plan.buckets[k];
-    staging_[k] = at::zeros({(bucket.end - bucket.begin) * shared_->world},
-                            at::TensorOptions().dtype(shared_->groups[bucket.group].comm_dtype));
+at::Tensor BucketStaging::bucket_view(size_t k) const {
+  const auto& b = spec_->plan->buckets().buckets[k];
+  const auto dtype = spec_->comm_dtype(b.group);
+  const int64_t bytes = b.elements() * int64_t(c10::elementSize(dtype));
+  return slots_[size_t(slot_of_[k])].narrow(0, 0, bytes).view(dtype);
+}
+
+void BucketStaging::start() {
+  const auto& plan = *spec_->plan;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (size_t p = 0; p < parameters_.size(); ++p) {
+    uncopied_[p] = int(plan.buckets().param_buckets[p].size());
+    done_[p].assign(plan.buckets().param_buckets[p].size(), 0);
   }
-  return staging_[k];
+  for (size_t k = 0; k < missing_.size(); ++k) missing_[k] = int64_t(plan.buckets().buckets[k].params.size());
+  std::fill(slot_of_.begin(), slot_of_.end(), -1);
+  assigned_ = 0;
+}
+
+void BucketStaging::copy(int64_t param, size_t k) {
+  const auto& plan = *spec_->plan;
+  const auto& bucket = plan.buckets().buckets[k];
+  const auto [group, index] = plan.place(param);
+  const auto c = zero::staging_copy(plan.groups()[size_t(group)].layout, bucket, index);
+  auto target = bucket_view(k).narrow(0, c.staging_begin, c.length);
+  const auto& grad = parameters_[size_t(param)].grad();
+  if (grad.defined()) target.copy_(grad.reshape(-1).narrow(0, c.param_begin, c.length));
+  else target.zero_();
+  // Bookkeeping: this parameter's part of bucket k is in; a complete bucket goes to the reducer.
+  const auto& own = plan.buckets().param_buckets[size_t(param)];
+  const size_t position = size_t(std::find(own.begin(), own.end(), int64_t(k)) - own.begin());
+  done_[size_t(param)][position] = 1;
+  if (--uncopied_[size_t(param)] == 0) parameters_[size_t(param)].mutable_grad() = at::Tensor();
+  if (--missing_[k] == 0) caf::anon_send(reducer_, bucket_atom::value, StagedBucket{k, slot_of_[k], bucket_view(k)});
+}
+
+void BucketStaging::assign_free_slots() {
+  const auto& plan = *spec_->plan;
+  std::vector<size_t> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (assigned_ < slot_of_.size() && !free_.empty()) {
+      slot_of_[assigned_] = free_.back();
+      free_.pop_back();
+      fresh.push_back(assigned_++);
+    }
+  }
+  // Parameters already final that waited for these buckets (deferred) are copied now.
+  for (size_t k : fresh)
+    for (int64_t p : plan.buckets().buckets[k].params)
+      if (ready_[size_t(p)]) copy(p, k);
 }
 
 void BucketStaging::take(int64_t param) {
-  if (param < 0 || size_t(param) >= taken_.size() || taken_[param]) return;
-  taken_[param] = 1;
-  const auto& plan = shared_->plan;
-  const auto& p = shared_->parameters[param];
-  if (!p.grad().defined()) return;  // zeros: the buffers start zeroed
-  const auto grad = p.grad().reshape(-1);
-  const auto& layout = shared_->groups[place_[param].first].flat->layout();
-  for (int64_t k : plan.param_buckets[param]) {
-    auto& staging = buffer(size_t(k));
-    for (const auto& c : zero::staging_copies(layout, plan.shape, plan.buckets[k], place_[param].second))
-      staging.narrow(0, c.staging_begin, c.length).copy_(grad.narrow(0, c.param_begin, c.length));
-  }
-  p.mutable_grad() = at::Tensor();
+  if (param < 0 || size_t(param) >= parameters_.size() || ready_[size_t(param)]) return;
+  ready_[size_t(param)] = 1;
+  assign_free_slots();
+  const auto& own = spec_->plan->buckets().param_buckets[size_t(param)];
+  for (size_t i = 0; i < own.size(); ++i)
+    if (!done_[size_t(param)][i] && slot_of_[size_t(own[i])] >= 0) copy(param, size_t(own[i]));
 }
 
 void BucketStaging::take_rest() {
-  for (size_t param = 0; param < taken_.size(); ++param) take(int64_t(param));
+  for (size_t p = 0; p < parameters_.size(); ++p) take(int64_t(p));
+  while (assigned_ < slot_of_.size()) {
+    assign_free_slots();
+    if (assigned_ == slot_of_.size()) break;
+    // Every bucket holding a slot is complete and sent: ask the reducer to finish the oldest.
+    caf::anon_send(reducer_, reclaim_atom::value);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!returned_.wait_for(lock, spec_->timeout, [&] { return !free_.empty(); }))
+      throw TimeoutError("gradient staging: no bucket buffer came back from the gradient-reducer within " +
+                         std::to_string(spec_->timeout.count()) + " ms (bucket " + std::to_string(assigned_) +
+                         " of " + std::to_string(slot_of_.size()) + " waits)");
+  }
 }
 
-at::Tensor BucketStaging::release(size_t k) {
-  at::Tensor out = std::move(buffer(k));
-  staging_[k] = at::Tensor();
-  return out;
+void BucketStaging::give_back(int slot) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(slot);
+  }
+  returned_.notify_all();
 }
 
 }  // namespace tessera::actors

@@ -1,43 +1,70 @@
-// BucketStaging holds the packed inputs of one backward's reduce-scatter buckets when gradients
-// are partitioned (ZeRO-2 across ranks): as each parameter's gradient becomes final it is copied
-// into the buckets it overlaps (zero::staging_copies) and the parameter's .grad is released, so
-// no full-size gradient buffer ever exists.
+// BucketStaging holds the packed inputs of reduce-to-owner buckets when gradients are partitioned
+// (ZeRO-2 across ranks): as each parameter's gradient becomes final it is copied into the buckets
+// it overlaps and its .grad is released, so no full-size gradient buffer ever exists, and the
+// staging itself is a fixed ring of `slots` buffers of the largest bucket, allocated once.
 //
-// Threads: take() runs where autograd reports the gradient (its thread, before the reducer is
-// told the parameter is ready), so the next backward can never meet this one's .grad; the
-// reducer then takes a bucket's buffer with release() once every parameter in it was reported.
-// Different buckets are different buffers, so the two threads never touch the same one at once.
+// Buckets get slots strictly in plan order, one slot each; a parameter whose bucket has no slot
+// yet keeps its .grad (deferred) until the slot comes. A bucket whose last parameter was copied
+// is sent to the gradient-reducer (bucket message: the slot is lent), which reduces it to its
+// owner and gives the slot back once the reduction finished. At the end of backward take_rest()
+// stages everything left in plan order, asking the reducer to reclaim slots when none is free:
+// every bucket before the one waiting is complete and issued then, on every rank, so the wait
+// always ends (bounded by the engine's timeout).
+//
+// Threads: take(), take_rest() and start() run where autograd reports gradients (its thread), or
+// on the user's thread for a coalesced reduction, one backward at a time; give_back() runs on the
+// reducer's thread. Only the free-slot list is shared (under a mutex); a slot's bytes belong to
+// whoever holds the slot.
+//
+// Memory: slots x largest bucket x 4 bytes (e.g. 2 x 2,000,000 fp32 elements = 16 MB), plus the
+// .grad of deferred parameters while they wait.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <vector>
+
+#include "actors/engine_spec.h"
+#include "actors/protocol.h"
 
 namespace tessera::actors {
 
-namespace detail {
-struct EngineShared;
-}
-
 class BucketStaging {
  public:
-  explicit BucketStaging(std::shared_ptr<const detail::EngineShared> shared);
+  BucketStaging(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters, int slots = 2);
+  void connect(gradient_reducer_actor reducer) { reducer_ = std::move(reducer); }
 
-  // Copies parameter `param`'s .grad (absent: zeros) into its buckets and releases it; once.
-  void take(int64_t param);
-  // take() for every parameter not taken yet (unused in this backward, or accumulated in
-  // no_sync / coalesce blocks).
-  void take_rest();
-  // Bucket k's packed input (zeros where nothing was taken); the staging forgets it.
-  at::Tensor release(size_t bucket);
+  void start();                 // a reducing backward begins
+  void take(int64_t param);     // parameter `param`'s gradient is final (absent: zeros)
+  void take_rest();             // backward ended: every parameter not taken, then every bucket
+  void give_back(int slot);     // the reducer is done with `slot`
+
+  int64_t bytes() const { return slot_bytes_ * int64_t(slots_.size()); }
 
  private:
-  at::Tensor& buffer(size_t bucket);
-  std::shared_ptr<const detail::EngineShared> shared_;
-  std::vector<at::Tensor> staging_;                  // per bucket
-  std::vector<char> taken_;                          // per parameter
-  std::vector<std::pair<int64_t, int64_t>> place_;   // per parameter: (flat group, index in it)
+  void assign_free_slots();
+  void copy(int64_t param, size_t bucket);
+  at::Tensor bucket_view(size_t bucket) const;
+
+  std::shared_ptr<const EngineSpec> spec_;
+  std::vector<at::Tensor> parameters_;
+  gradient_reducer_actor reducer_;
+  std::vector<at::Tensor> slots_;  // raw bytes, viewed in each bucket's comm dtype
+  int64_t slot_bytes_ = 0;
+  // One backward's progress (the reporting thread's alone).
+  std::vector<char> ready_;             // per parameter: gradient final
+  std::vector<int> uncopied_;           // per parameter: its buckets not copied into yet
+  std::vector<int64_t> missing_;        // per bucket: parameters not copied yet
+  std::vector<int> slot_of_;            // per bucket: its slot, or -1
+  std::vector<std::vector<char>> done_;  // per parameter, per own bucket position: copied
+  size_t assigned_ = 0;                 // buckets [0, assigned_) have slots
+  // Shared with the reducer.
+  std::mutex mutex_;
+  std::condition_variable returned_;
+  std::vector<int> free_;
 };
 
 }  // namespace tessera::actors

@@ -6,11 +6,12 @@
 
 namespace tessera::actors {
 
-ClientStepOptimizer::ClientStepOptimizer(std::shared_ptr<torch::optim::Optimizer> client, size_t client_group,
-                                         const optim::OptimizerOptions& options)
-    : FlatOptimizer(options), client_(std::move(client)), client_group_(client_group) {}
+ClientStepKernel::ClientStepKernel(std::shared_ptr<torch::optim::Optimizer> client, size_t client_group,
+                                   const optim::OptimizerOptions& options)
+    : OptimizerKernel(options), client_(std::move(client)), client_group_(client_group) {}
 
-void ClientStepOptimizer::step(const at::Tensor& param, const at::Tensor& grad, const optim::StepHyperparameters& hp) {
+void ClientStepKernel::step(const at::Tensor& param, const at::Tensor& grad, const std::vector<at::Tensor>&, int64_t,
+                            const optim::StepHyperparameters& hp, optim::Workspace&) const {
   if (param.numel() != grad.numel() || param.scalar_type() != grad.scalar_type())
     throw Error("client optimizer step: the gradient does not match the partition");
   if (!alias_.defined()) {
@@ -24,11 +25,6 @@ void ClientStepOptimizer::step(const at::Tensor& param, const at::Tensor& grad, 
   alias_.mutable_grad() = grad;
   client_->step();
   alias_.mutable_grad() = at::Tensor();
-  ++steps_taken_;
-}
-
-void ClientStepOptimizer::load_states(const std::vector<at::Tensor>&, int64_t) {
-  throw Error("load_states: the states of a client optimizer are its own (torch::optim state), not tessera's");
 }
 
 void detach_client_parameters(torch::optim::Optimizer& client) {

@@ -1,128 +1,381 @@
 #include "actors/gradient_reducer.h"
 
+#include <torch/types.h>  // clip_grad.h needs it first
+#include <torch/nn/utils/clip_grad.h>
+
 #include <ATen/ATen.h>
 
-#include "actors/bucket_staging.h"
-#include "actors/detail/engine_shared.h"
-#include "actors/protocol.h"
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+
+#include "actors/actor_runtime.h"
+#include "core/error.h"
 
 namespace tessera::actors {
 namespace {
 
-struct ReducerState {
-  std::shared_ptr<detail::EngineShared> shared;
-  std::vector<int64_t> missing;  // per bucket: parameters not ready yet
-  std::vector<char> seen;        // per parameter: reported in this backward
-  size_t next = 0;               // next bucket to issue
-  bool active = false;
-  WorkList issued;               // since the last collect
-  size_t finished = 0;           // issued.works[0, finished) completed and finished
-  std::shared_ptr<BucketStaging> staging;  // partitioned gradients: this backward's bucket inputs
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
-  void start(std::shared_ptr<BucketStaging> buckets) {  // not begin(): CAF would take the state for a container
-    const auto& plan = shared->plan;
-    missing.assign(plan.buckets.size(), 0);
-    for (size_t k = 0; k < plan.buckets.size(); ++k) missing[k] = int64_t(plan.buckets[k].params.size());
-    seen.assign(plan.param_buckets.size(), 0);
-    staging = std::move(buckets);
+int64_t bytes(const at::Tensor& t) { return t.defined() ? int64_t(t.numel() * t.element_size()) : 0; }
+
+struct ReducerState {
+  std::shared_ptr<const EngineSpec> spec;
+  std::vector<at::Tensor> parameters;
+  std::shared_ptr<BucketStaging> staging;
+  std::shared_ptr<transport::Communicator> comm;
+  // Owned buffers, per flat group (undefined where the mode does not use them).
+  std::vector<std::unique_ptr<zero::FlatGradients>> flat;  // stages 0/1
+  std::vector<at::Tensor> accum;    // fp32 accumulators (stages 0/1, fp32 accumulation)
+  std::vector<at::Tensor> mirror;   // the comm-dtype copy of a group reduced in another dtype
+  std::vector<at::Tensor> reduced;  // partitioned gradients: this rank's partition
+  std::vector<at::Tensor> fp32;     // mixed precision: the partition the optimizer steps
+  at::Tensor norms;                 // [parameters] double: per-parameter squared norms
+  at::Tensor norm_scratch;          // double, for squared norms of partitions
+  // One backward's progress.
+  std::vector<int64_t> missing;     // per bucket: parameters not ready (stages 0/1)
+  std::vector<char> seen;           // per parameter: reported
+  std::map<size_t, StagedBucket> arrived;  // partitioned: staged, not issued yet
+  size_t next = 0;                  // next bucket to issue
+  bool active = false;
+  struct Issued {
+    std::shared_ptr<transport::Work> work;
+    std::function<void()> finish;  // runs after the work completed (may be empty)
+  };
+  std::deque<Issued> issued;        // in issue order, not finished yet
+  std::exception_ptr error;         // the first failure since the last finish/zero
+  bool polling = false;
+
+  const zero::ShardingPlan& plan() const { return *spec->plan; }
+
+  // The gradients a group's stages-0/1 buckets are read from.
+  const at::Tensor& gradients(size_t g) const { return accum[g].defined() ? accum[g] : flat[g]->buffer(); }
+
+  void fold(size_t g, int64_t begin, int64_t length) {  // low-precision gradients into the fp32 accumulator
+    auto grad = flat[g]->buffer().narrow(0, begin, length);
+    accum[g].narrow(0, begin, length).add_(grad);
+    grad.zero_();
+  }
+
+  void start() {
+    const auto& buckets = plan().buckets();
+    missing.assign(buckets.buckets.size(), 0);
+    for (size_t k = 0; k < buckets.buckets.size(); ++k) missing[k] = int64_t(buckets.buckets[k].params.size());
+    seen.assign(buckets.param_buckets.size(), 0);
+    arrived.clear();
     next = 0;
     active = true;
   }
 
-  // Runs the finisher of every leading work already complete (in issue order: partitioned
-  // gradients add into the reduced partition) and drops it, so its staging buffer is freed while
-  // training goes on instead of at step(). Never blocks.
-  void finish_completed() {
-    while (finished < issued.works.size() && issued.works[finished]->done()) {
-      try {
-        issued.works[finished]->wait();
-        if (issued.finish[finished]) issued.finish[finished]();
-      } catch (...) {
-        if (!issued.error) issued.error = std::current_exception();
-        return;
-      }
-      issued.works[finished] = nullptr;
-      issued.finish[finished] = nullptr;
-      ++finished;
-    }
+  void fail(std::exception_ptr e) {
+    if (!error) error = e;
   }
 
+  // Issues bucket k (stages 0/1: an in-place all-reduce of its range; partitioned: the staged
+  // bucket reduced to its owner).
   void issue(size_t k) {
-    if (issued.error) return;  // a failed issue already broke this reduction
-    try {
-      const auto& bucket = shared->plan.buckets[k];
-      const auto& group = shared->groups[bucket.group];
-      const int64_t length = bucket.end - bucket.begin;
-      transport::ReduceOptions average;
-      average.op = transport::ReduceOp::avg;
-      if (shared->partitioned_gradients) {
-        // Reduce-scatter the packed input; this rank's slice is added into its partition.
-        auto input = staging->release(k);
-        auto out = at::empty({length}, input.options());
-        issued.works.push_back(shared->dp->reduce_scatter(input, out, average));
-        auto slice = group.reduced.narrow(0, bucket.begin, length);
-        issued.finish.push_back([slice, out]() mutable { slice.add_(out); });
-        return;
-      }
-      // Stages 0/1 (stage 2 across ranks always partitions gradients): all-reduce in place.
-      if (group.accum.defined()) group.fold(bucket.begin, length);  // final now: fold it first
-      const auto range = group.gradients().narrow(0, bucket.begin, length);
-      const bool cast = group.comm_dtype != range.scalar_type();  // autocast: reduce in bf16
-      auto data = cast ? range.to(group.comm_dtype) : range;
-      issued.works.push_back(shared->dp->all_reduce(data, average));
+    const auto& bucket = plan().buckets().buckets[k];
+    const size_t g = size_t(bucket.group);
+    transport::ReduceOptions average;
+    average.op = transport::ReduceOp::avg;
+    if (spec->partitioned_gradients()) {
+      StagedBucket staged = std::move(arrived.at(k));
+      arrived.erase(k);
       std::function<void()> finish;
-      if (cast) finish = [range, data]() mutable { range.copy_(data); };
-      issued.finish.push_back(std::move(finish));
-    } catch (...) {
-      issued.error = std::current_exception();
+      auto staging_ref = staging;
+      const int slot = staged.slot;
+      if (bucket.owner == spec->rank) {
+        const int64_t base = plan().groups()[g].layout.partition_begin(bucket.owner);
+        auto slice = reduced[g].narrow(0, bucket.begin - base, bucket.elements());
+        auto data = staged.data;
+        finish = [slice, data, staging_ref, slot]() mutable {
+          slice.add_(data);
+          staging_ref->give_back(slot);
+        };
+      } else {
+        finish = [staging_ref, slot] { staging_ref->give_back(slot); };
+      }
+      try {
+        issued.push_back({comm->reduce(staged.data, bucket.owner, average), std::move(finish)});
+      } catch (...) {
+        staging->give_back(slot);
+        throw;
+      }
+      return;
+    }
+    if (accum[g].defined()) fold(g, bucket.begin, bucket.elements());  // final now: fold first
+    auto range = gradients(g).narrow(0, bucket.begin, bucket.elements());
+    std::function<void()> finish;
+    at::Tensor data = range;
+    if (mirror[g].defined()) {  // reduce in the comm dtype, copy back when done
+      data = mirror[g].narrow(0, bucket.begin, bucket.elements());
+      data.copy_(range);
+      finish = [range, data]() mutable { range.copy_(data); };
+    }
+    issued.push_back({comm->all_reduce(data, average), std::move(finish)});
+  }
+
+  void issue_in_order(bool everything) {
+    if (!active) return;
+    const size_t n = plan().buckets().buckets.size();
+    while (next < n) {
+      const bool can = spec->partitioned_gradients() ? arrived.count(next) > 0 : (everything || missing[next] == 0);
+      if (!can) break;
+      try {
+        issue(next);
+      } catch (...) {
+        fail(std::current_exception());
+      }
+      ++next;
     }
   }
 
-  void issue_ready() {
-    while (next < missing.size() && missing[next] == 0) issue(next++);
+  // Finishes reductions from the front while they are complete (never blocks).
+  void finish_completed() {
+    while (!issued.empty() && issued.front().work->done()) finish_front();
   }
 
-  void ready(int64_t param) {
-    if (!active || param < 0 || size_t(param) >= seen.size() || seen[param]) return;
-    seen[param] = 1;
-    for (int64_t k : shared->plan.param_buckets[param]) --missing[k];
-    if (shared->overlap_comm) issue_ready();  // else everything waits for flush (end of backward)
+  // Waits for the oldest reduction and finishes it.
+  void finish_front() {
+    auto item = std::move(issued.front());
+    issued.pop_front();
+    try {
+      item.work->wait();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+    if (item.finish) item.finish();
   }
 
-  void flush() {
-    if (!active) return;
-    while (next < missing.size()) issue(next++);
+  // Everything issued so far, finished (a failure is kept in `error`).
+  void drain() {
+    issue_in_order(true);
+    active = false;
+    while (!issued.empty()) finish_front();
+  }
+
+  void zero() {
+    for (size_t g = 0; g < plan().groups().size(); ++g) {
+      if (flat[g]) flat[g]->zero();
+      if (accum[g].defined()) accum[g].zero_();
+      if (reduced[g].defined()) reduced[g].zero_();
+    }
+    if (spec->partitioned_gradients())
+      for (auto& p : parameters) p.mutable_grad() = at::Tensor();
+  }
+
+  // The squared L2 norm of every parameter, from the partitions `g` (partition-relative), summed
+  // across ranks when partitions do not hold every parameter; then each `g` is scaled.
+  double clip_partitions(const std::vector<at::Tensor>& g, double max_norm) {
+    const int64_t owned = spec->owned_partition();
+    norms.zero_();
+    for (size_t k = 0; k < plan().groups().size(); ++k) {
+      const auto& group = plan().groups()[k];
+      const int64_t base = group.layout.partition_begin(owned);
+      for (const auto& f : group.layout.fragments(owned)) {
+        // In chunks through a double scratch buffer: no allocation of partition size.
+        for (int64_t at = 0; at < f.length; at += norm_scratch.numel()) {
+          const int64_t n = std::min<int64_t>(norm_scratch.numel(), f.length - at);
+          auto chunk = norm_scratch.narrow(0, 0, n);
+          chunk.copy_(g[k].narrow(0, f.flat_begin - base + at, n));
+          norms[group.params[size_t(f.param_index)]] += chunk.pow_(2).sum();
+        }
+      }
+    }
+    if (plan().stage() >= 1 && comm) comm->all_reduce(norms, transport::ReduceOptions{})->wait();
+    auto total = norms.sqrt().to(at::kFloat).norm();
+    auto coefficient = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    for (const auto& t : g) t.mul_(coefficient.to(t.scalar_type()));
+    return total.item<double>();
+  }
+
+  GradientsReady finish_step(const FinishRequest& request) {
+    GradientsReady out;
+    const auto t0 = std::chrono::steady_clock::now();
+    drain();
+    out.reduction_wait_s = seconds_since(t0);
+    if (error) std::rethrow_exception(std::exchange(error, nullptr));
+    const int64_t owned = spec->owned_partition();
+    const auto& groups = plan().groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      at::Tensor partition = reduced[g].defined() ? reduced[g] : gradients(g).narrow(0, groups[g].layout.partition_begin(owned),
+                                                                                    groups[g].layout.partition_numel);
+      if (fp32[g].defined()) {  // the fp32 master steps an fp32 gradient
+        fp32[g].copy_(partition);
+        partition = fp32[g];
+      }
+      out.partitions.push_back(partition);
+    }
+    if (spec->dtype == at::kFloat) {
+      if (request.max_grad_norm > 0) {
+        // Every rank holds every averaged gradient at stages 0/1: LibTorch's own function, bitwise.
+        out.grad_norm = !spec->partitioned_gradients()
+                            ? torch::nn::utils::clip_grad_norm_(parameters, request.max_grad_norm)
+                            : clip_partitions(out.partitions, request.max_grad_norm);
+      }
+      return out;
+    }
+    // Mixed precision: unscale (fp16), check overflow on every rank, clip.
+    bool finite = true;
+    for (auto& g : out.partitions) {
+      if (request.loss_scale != 1.0) g.mul_(1.0 / request.loss_scale);
+      if (spec->fp16) finite = finite && std::isfinite(g.sum().item<double>());
+    }
+    if (spec->fp16) {
+      auto flag = at::full({1}, finite ? 0.0f : 1.0f, at::kFloat);
+      if (comm) {
+        transport::ReduceOptions max;
+        max.op = transport::ReduceOp::max;
+        comm->all_reduce(flag, max)->wait();
+      }
+      if (flag.item<float>() > 0) {
+        out.overflow = true;
+        return out;
+      }
+    }
+    if (request.max_grad_norm > 0) out.grad_norm = clip_partitions(out.partitions, request.max_grad_norm);
+    return out;
+  }
+
+  int64_t memory() const {
+    int64_t n = 0;
+    for (size_t g = 0; g < flat.size(); ++g) {
+      if (flat[g]) n += bytes(flat[g]->buffer());
+      n += bytes(accum[g]) + bytes(mirror[g]) + bytes(reduced[g]) + bytes(fp32[g]);
+    }
+    if (staging) {
+      n += staging->bytes();
+      for (const auto& p : parameters) n += bytes(p.grad());  // deferred or no_sync-accumulated
+    }
+    return n;
   }
 };
 
-caf::behavior reducer(caf::stateful_actor<ReducerState>* self, std::shared_ptr<detail::EngineShared> shared) {
-  self->state.shared = std::move(shared);
+gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_pointer<ReducerState> self,
+                                              std::shared_ptr<ReducerState> init) {
+  self->state = std::move(*init);
+  // Poll while reductions are outstanding, so completed ones are finished (and their staging
+  // slots come back) even when no message arrives.
+  auto arm_poll = [self] {
+    auto& s = self->state;
+    if (s.polling || s.issued.empty()) return;
+    s.polling = true;
+    self->delayed_send(self, std::chrono::milliseconds(1), poll_atom::value);
+  };
   return {
-      [=](begin_atom, std::shared_ptr<BucketStaging> staging) { self->state.start(std::move(staging)); },
+      [=](begin_atom) { self->state.start(); },
       [=](ready_atom, int64_t param) {
-        self->state.ready(param);
-        self->state.finish_completed();
+        auto& s = self->state;
+        if (s.active && param >= 0 && size_t(param) < s.seen.size() && !s.seen[size_t(param)]) {
+          s.seen[size_t(param)] = 1;
+          for (int64_t k : s.plan().buckets().param_buckets[size_t(param)]) --s.missing[size_t(k)];
+          if (s.spec->overlap_comm) s.issue_in_order(false);  // else everything waits for flush
+        }
+        s.finish_completed();
+        arm_poll();
+      },
+      [=](bucket_atom, StagedBucket& staged) {
+        auto& s = self->state;
+        s.arrived[staged.bucket] = std::move(staged);
+        s.issue_in_order(false);
+        s.finish_completed();
+        arm_poll();
       },
       [=](flush_atom) {
-        self->state.flush();
-        self->state.finish_completed();
-      },
-      [=](collect_atom) -> WorkList {
         auto& s = self->state;
-        s.flush();
-        s.active = false;
-        WorkList out = std::move(s.issued);
-        s.issued = WorkList{};
-        s.finished = 0;
-        return out;
+        s.issue_in_order(true);
+        s.finish_completed();
+        arm_poll();
       },
+      [=](reclaim_atom) {
+        auto& s = self->state;
+        s.issue_in_order(false);
+        if (!s.issued.empty()) s.finish_front();
+        s.finish_completed();
+        arm_poll();
+      },
+      [=](poll_atom) {
+        auto& s = self->state;
+        s.polling = false;
+        s.finish_completed();
+        arm_poll();
+      },
+      [=](fold_atom) -> Done {
+        Done done;
+        auto& s = self->state;
+        try {
+          for (size_t g = 0; g < s.accum.size(); ++g)
+            if (s.accum[g].defined()) s.fold(g, 0, s.plan().groups()[g].layout.padded_numel);
+        } catch (...) {
+          done.error = std::current_exception();
+        }
+        return done;
+      },
+      [=](finish_atom, const FinishRequest& request) -> GradientsReady {
+        try {
+          return self->state.finish_step(request);
+        } catch (...) {
+          GradientsReady out;
+          out.error = std::current_exception();
+          return out;
+        }
+      },
+      [=](zero_atom) -> Done {
+        Done done;
+        auto& s = self->state;
+        try {
+          s.drain();
+          s.zero();
+          if (s.error) done.error = std::exchange(s.error, nullptr);
+        } catch (...) {
+          done.error = std::current_exception();
+        }
+        return done;
+      },
+      [=](memory_atom) -> int64_t { return self->state.memory(); },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_gradient_reducer(caf::actor_system& system, std::shared_ptr<detail::EngineShared> shared) {
-  return system.spawn(reducer, std::move(shared));
+gradient_reducer_actor spawn_gradient_reducer(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters,
+                                              const std::vector<std::unique_ptr<zero::FlatParameters>>& flat,
+                                              std::shared_ptr<BucketStaging> staging,
+                                              std::shared_ptr<transport::Communicator> comm) {
+  // Every buffer is made here, on the caller's thread, before the actor exists (then it is the
+  // actor's): CAF copies spawn arguments, so the state travels in a shared holder.
+  auto s = std::make_shared<ReducerState>();
+  const auto& plan = *spec->plan;
+  const auto options = at::TensorOptions().device(spec->device);
+  for (size_t g = 0; g < plan.groups().size(); ++g) {
+    const auto& layout = plan.groups()[g].layout;
+    const bool partitioned = spec->partitioned_gradients();
+    s->flat.push_back(partitioned ? nullptr : std::make_unique<zero::FlatGradients>(*flat[g]));
+    const bool accum = !partitioned && spec->fp32_grad_accumulation;
+    s->accum.push_back(accum ? at::zeros({layout.padded_numel}, options.dtype(at::kFloat)) : at::Tensor());
+    const auto comm_dtype = spec->comm_dtype(int64_t(g));
+    const bool mirror = !partitioned && comm_dtype != (accum ? at::kFloat : spec->dtype);
+    s->mirror.push_back(mirror ? at::zeros({layout.padded_numel}, options.dtype(comm_dtype)) : at::Tensor());
+    s->reduced.push_back(partitioned ? at::zeros({layout.partition_numel}, options.dtype(spec->accumulation_dtype()))
+                                     : at::Tensor());
+    const bool fp32 = spec->fp32_master && spec->accumulation_dtype() != at::kFloat;
+    s->fp32.push_back(fp32 ? at::zeros({layout.partition_numel}, options.dtype(at::kFloat)) : at::Tensor());
+  }
+  s->norms = at::zeros({int64_t(parameters.size())}, options.dtype(at::kDouble));
+  int64_t largest_partition = 1;
+  for (const auto& g : plan.groups()) largest_partition = std::max(largest_partition, g.layout.partition_numel);
+  s->norm_scratch = at::empty({std::min<int64_t>(largest_partition, int64_t(1) << 20)}, options.dtype(at::kDouble));
+  s->spec = std::move(spec);
+  s->parameters = std::move(parameters);
+  s->staging = std::move(staging);
+  s->comm = std::move(comm);
+  auto staging_ref = s->staging;  // the actor empties `s` on its own thread
+  auto actor = actor_system().spawn<caf::detached>(reducer, std::move(s));
+  if (staging_ref) staging_ref->connect(actor);
+  return actor;
 }
 
 }  // namespace tessera::actors

@@ -1,15 +1,12 @@
 #include "actors/optimizer_shard.h"
 
-#include <torch/types.h>  // clip_grad.h needs it first
-#include <torch/nn/utils/clip_grad.h>
-
 #include <ATen/ATen.h>
 
 #include <chrono>
 
-#include "actors/detail/engine_shared.h"
-#include "actors/protocol.h"
-#include "core/error.h"
+#include "actors/actor_runtime.h"
+#include "actors/ask.h"
+#include "core/optim/state_store.h"
 
 namespace tessera::actors {
 namespace {
@@ -19,158 +16,130 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 struct OptimizerShardState {
-  std::shared_ptr<detail::EngineShared> shared;
-  std::vector<std::shared_ptr<optim::FlatOptimizer>> optimizers;  // per flat group
-  caf::actor reducer;
-  caf::actor parameter_shard;
+  std::shared_ptr<const EngineSpec> spec;
+  std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels;  // per flat group
+  std::unique_ptr<optim::StateStore> store;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> sub_groups;  // per flat group
+  optim::Workspace workspace;
+  int64_t updates = 0;
+  gradient_reducer_actor reducer;
+  parameter_shard_actor parameter_shard;
 
-  // Global norm of the averaged gradients as torch::nn::utils::clip_grad_norm_ defines it, from
-  // our partitions `g` (one per flat group, partition-relative): per-parameter squared norms,
-  // summed across ranks when partitions do not hold every parameter; each `g` is scaled in place.
-  double clip_partitions(const std::vector<at::Tensor>& g, double max_norm) {
-    const int64_t owned = shared->owned_rank();
-    auto sums = at::zeros({int64_t(shared->names.size())}, at::kDouble);
-    for (size_t k = 0; k < shared->groups.size(); ++k) {
-      const auto& group = shared->groups[k];
-      const auto& layout = group.flat->layout();
-      const int64_t base = layout.partition_begin(owned);
-      for (const auto& f : layout.fragments(owned))
-        sums[group.params[f.param_index]] += g[k].narrow(0, f.flat_begin - base, f.length).to(at::kDouble).pow(2).sum();
+  // Every collective behind a request has its own timeout; this bound only guards against a lost actor.
+  std::chrono::milliseconds bound() const { return 3 * spec->timeout + std::chrono::seconds(10); }
+
+  void update(const StepRequest& request, const GradientsReady& ready, const Buffers& parameters) {
+    const auto& groups = spec->plan->groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto& kernel = *kernels[g];
+      const auto& hp = request.hyperparameters.at(size_t(groups[g].param_group));
+      const auto& grad = ready.partitions.at(g);
+      const auto& param = parameters.tensors.at(g);
+      for (size_t s = 0; s < sub_groups[g].size(); ++s) {
+        const auto [begin, end] = sub_groups[g][s];
+        auto state = store->acquire(int64_t(g), int64_t(s));
+        auto target_param = param.narrow(0, begin, end - begin);
+        const auto& target = state.master.defined() ? state.master : target_param;
+        kernel.step(target, grad.narrow(0, begin, end - begin), state.states, updates + 1, hp, workspace);
+        if (state.master.defined()) target_param.copy_(state.master);  // round into the parameters' dtype
+        store->release(int64_t(g), int64_t(s));
+      }
     }
-    if (shared->stage >= 1 && shared->world > 1) shared->dp->all_reduce(sums, transport::ReduceOptions{})->wait();
-    auto total = sums.sqrt().to(at::kFloat).norm();
-    auto coefficient = (max_norm / (total + 1e-6)).clamp_max(1.0);
-    for (const auto& t : g) t.mul_(coefficient.to(t.scalar_type()));
-    return total.item<double>();
+    ++updates;
   }
 
-  const optim::StepHyperparameters& hp(const StepRequest& request, size_t group) const {
-    return request.hyperparameters.at(size_t(shared->groups[group].param_group));
-  }
-
-  // One update of our partitions; false when it was skipped (fp16 overflow).
-  bool update(const StepRequest& request, StepReport& report) {
-    const int64_t owned = shared->owned_rank();
-    const auto& groups = shared->groups;
-    const bool fp32 = shared->dtype == at::kFloat;
-    if (fp32) {
-      std::vector<at::Tensor> grads;
-      for (const auto& group : groups) grads.push_back(group.gradient_partition(owned));
-      if (request.max_grad_norm > 0) {
-        // Every rank holds every averaged gradient at stages 0/1: LibTorch's own function, bitwise.
-        report.grad_norm = shared->stage < 2 || shared->world == 1
-                               ? torch::nn::utils::clip_grad_norm_(shared->parameters, request.max_grad_norm)
-                               : clip_partitions(grads, request.max_grad_norm);
-      }
-      for (size_t k = 0; k < groups.size(); ++k)
-        optimizers[k]->step(groups[k].flat->partition(owned), grads[k], hp(request, k));
-      return true;
+  StepReport step(const StepRequest& request) {
+    StepReport report;
+    FinishRequest finish{request.loss_scale, request.max_grad_norm};
+    auto ready = checked(ask<GradientsReady>(reducer, bound(), "gradient-reducer (finish)", finish_atom::value, finish));
+    report.reduction_wait_s = ready.reduction_wait_s;
+    report.grad_norm = ready.grad_norm;
+    report.overflow = ready.overflow;
+    caf::scoped_actor self{actor_system()};
+    std::exception_ptr failure;
+    auto on_reply = [&](Done& d) {
+      if (d.error && !failure) failure = d.error;
+    };
+    auto on_error = [&](caf::error& e) {
+      if (!failure) failure = std::make_exception_ptr(Error("optimizer-shard: a peer actor did not answer: " +
+                                                            actor_system().render(e)));
+    };
+    if (!ready.overflow) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto parameters = checked(ask<Buffers>(parameter_shard, bound(), "parameter-shard (partitions)", partitions_atom::value));
+      update(request, ready, parameters);
+      report.update_s = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      // The gather (parameter communicator) and zeroing the gradients run at the same time.
+      auto gathered = self->request(parameter_shard, bound(), gather_atom::value);
+      auto zeroed = self->request(reducer, bound(), zero_atom::value);
+      gathered.receive(on_reply, on_error);
+      report.gather_s = seconds_since(t0);
+      zeroed.receive(on_reply, on_error);
+    } else {
+      self->request(reducer, bound(), zero_atom::value).receive(on_reply, on_error);
     }
-    // Mixed precision: unscale (fp16), check overflow on every rank, clip, update.
-    std::vector<at::Tensor> grads;
-    bool finite = true;
-    for (const auto& group : groups) {
-      auto grad = group.gradient_partition(owned);
-      auto g = group.master.defined() ? grad.to(at::kFloat) : grad;  // the fp32 accumulator: itself
-      if (request.loss_scale != 1.0) g.mul_(1.0 / request.loss_scale);
-      if (shared->fp16) finite = finite && at::isfinite(g).all().item<bool>();
-      grads.push_back(g);
-    }
-    if (shared->fp16) {
-      auto flag = at::full({1}, finite ? 0.0f : 1.0f, at::kFloat);
-      if (shared->world > 1) {
-        transport::ReduceOptions max;
-        max.op = transport::ReduceOp::max;
-        shared->dp->all_reduce(flag, max)->wait();
-      }
-      if (flag.item<float>() > 0) {
-        report.overflow = true;
-        return false;
-      }
-    }
-    if (request.max_grad_norm > 0) report.grad_norm = clip_partitions(grads, request.max_grad_norm);
-    for (size_t k = 0; k < groups.size(); ++k) {
-      auto param = groups[k].flat->partition(owned);
-      if (groups[k].master.defined()) {
-        optimizers[k]->step(groups[k].master, grads[k], hp(request, k));
-        param.copy_(groups[k].master);  // round to the parameters' dtype
-      } else {
-        optimizers[k]->step(param, grads[k], hp(request, k));
-      }
-    }
-    return true;
+    if (failure) std::rethrow_exception(failure);
+    return report;
   }
 };
 
-caf::behavior optimizer_shard(caf::stateful_actor<OptimizerShardState>* self,
-                              std::shared_ptr<detail::EngineShared> shared,
-                              std::vector<std::shared_ptr<optim::FlatOptimizer>> optimizers, caf::actor reducer,
-                              caf::actor parameter_shard) {
-  auto& s = self->state;
-  s.shared = std::move(shared);
-  s.optimizers = std::move(optimizers);
-  s.reducer = std::move(reducer);
-  s.parameter_shard = std::move(parameter_shard);
-  const auto timeout = s.shared->timeout;
+optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stateful_pointer<OptimizerShardState> self,
+                                                     std::shared_ptr<OptimizerShardState> init) {
+  self->state = std::move(*init);
   return {
-      [=](step_atom, const StepRequest& request) -> caf::result<StepReport> {
-        auto promise = self->make_response_promise<StepReport>();
-        auto fail = [=](std::exception_ptr e) mutable {
+      [=](step_atom, const StepRequest& request) -> StepReport {
+        try {
+          return self->state.step(request);
+        } catch (...) {
           StepReport report;
-          report.error = std::move(e);
-          promise.deliver(report);
-        };
-        self->request(self->state.reducer, timeout, collect_atom::value)
-            .then(
-                [=](WorkList& issued) mutable {
-                  auto& st = self->state;
-                  StepReport report;
-                  try {
-                    if (issued.error) std::rethrow_exception(issued.error);
-                    auto t0 = std::chrono::steady_clock::now();
-                    issued.wait_all();
-                    report.reduction_wait_s = seconds_since(t0);
-                    t0 = std::chrono::steady_clock::now();
-                    const bool updated = st.update(request, report);
-                    report.update_s = seconds_since(t0);
-                    if (!updated) {
-                      promise.deliver(report);  // skipped: nothing changed, nothing to gather
-                      return;
-                    }
-                  } catch (...) {
-                    fail(std::current_exception());
-                    return;
-                  }
-                  const auto gather_start = std::chrono::steady_clock::now();
-                  self->request(st.parameter_shard, timeout, gather_atom::value)
-                      .then(
-                          [=](GatherReport& gathered) mutable {
-                            StepReport done = report;
-                            done.gather_s = seconds_since(gather_start);
-                            done.error = gathered.error;
-                            promise.deliver(done);
-                          },
-                          [=](caf::error& e) mutable {
-                            fail(std::make_exception_ptr(
-                                Error("parameter-shard gather failed: " + self->system().render(e))));
-                          });
-                },
-                [=](caf::error& e) mutable {
-                  fail(std::make_exception_ptr(
-                      Error("gradient-reducer did not hand over its reductions: " + self->system().render(e))));
-                });
-        return promise;
+          report.error = std::current_exception();
+          return report;
+        }
+      },
+      [=](states_atom) -> OptimizerStates {
+        auto& s = self->state;
+        OptimizerStates out;
+        for (size_t g = 0; g < s.kernels.size(); ++g) {
+          out.state_names.push_back(s.kernels[g]->state_names());
+          out.masters.push_back(s.store->partition_master(int64_t(g)));
+          out.states.push_back(s.store->partition_states(int64_t(g)));
+        }
+        out.master_bytes = s.store->master_bytes();
+        out.state_bytes = s.store->state_bytes();
+        return out;
       },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_optimizer_shard(caf::actor_system& system, std::shared_ptr<detail::EngineShared> shared,
-                                 std::vector<std::shared_ptr<optim::FlatOptimizer>> optimizers, caf::actor reducer,
-                                 caf::actor parameter_shard) {
-  return system.spawn<caf::detached>(optimizer_shard, std::move(shared), std::move(optimizers), std::move(reducer),
-                                     std::move(parameter_shard));
+optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> spec,
+                                            std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels,
+                                            const std::vector<at::Tensor>& partitions, gradient_reducer_actor reducer,
+                                            parameter_shard_actor parameter_shard) {
+  auto s = std::make_shared<OptimizerShardState>();
+  std::vector<optim::MemoryStateStore::Group> store;
+  for (size_t g = 0; g < partitions.size(); ++g) {
+    const auto& plan_group = spec->plan->groups()[g];
+    optim::MemoryStateStore::Group group;
+    const auto& partition = partitions[g];
+    if (spec->fp32_master) group.master = partition.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    group.states = kernels[g]->initial_states(group.master.defined() ? group.master : partition);
+    if (kernels[g]->whole_partition()) {
+      group.sub_groups.push_back({0, plan_group.layout.partition_numel});
+    } else {
+      for (const auto& sub : plan_group.sub_groups) group.sub_groups.push_back({sub.begin, sub.end});
+    }
+    s->sub_groups.push_back(group.sub_groups);
+    store.push_back(std::move(group));
+  }
+  s->store = std::make_unique<optim::MemoryStateStore>(std::move(store));
+  s->spec = std::move(spec);
+  s->kernels = std::move(kernels);
+  s->reducer = std::move(reducer);
+  s->parameter_shard = std::move(parameter_shard);
+  return actor_system().spawn<caf::detached>(optimizer_shard, std::move(s));
 }
 
 }  // namespace tessera::actors

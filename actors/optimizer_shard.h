@@ -1,30 +1,30 @@
-// The optimizer-shard actor: owns the optimizer states of this rank's partition of every flat
-// group (stage 0: of the whole buffers; one FlatOptimizer per group, with its parameter group's
-// settings) and performs one update per `step`: wait for the reductions the gradient reducer
-// issued, clip by the global gradient norm, update the partition in place, then ask the
-// parameter shard to all-gather. Runs on its own thread (it blocks on collectives).
-//
-// Clipping follows torch::nn::utils::clip_grad_norm_ (total = norm of the per-parameter norms,
-// coefficient max_norm / (total + 1e-6) clamped at 1): exactly, on the full averaged gradients
-// at stages 0/1; at stage 2 the per-parameter squared norms are summed across ranks first (the
-// same value up to summation order).
+// The optimizer-shard actor owns the optimizer side of this rank's partitions: fp32 masters and
+// optimizer states in a state store (optim::MemoryStateStore now; offload adds host and NVMe
+// stores behind the same interface), stateless optimizer kernels (one per flat group, with its
+// parameter group's settings) and their workspace. It performs one update per `step`:
+//   finish -> the gradient-reducer (waits, unscales, checks overflow, clips; lends partitions)
+//   partitions -> the parameter-shard (lends this rank's parameter partitions)
+//   update every flat group sub-group by sub-group (master, then rounded into the parameters)
+//   gather -> the parameter-shard and zero -> the gradient-reducer, concurrently (the lends end)
+// A skipped update (fp16 overflow) only zeroes. It issues no collective itself. Runs on its own
+// thread: it waits for the other two.
 #pragma once
-
-#include <caf/fwd.hpp>
 
 #include <memory>
 #include <vector>
 
-#include "core/optim/flat_optimizer.h"
+#include "actors/engine_spec.h"
+#include "actors/protocol.h"
+#include "core/optim/optimizer_kernel.h"
 
 namespace tessera::actors {
 
-namespace detail {
-struct EngineShared;
-}
-
-caf::actor spawn_optimizer_shard(caf::actor_system& system, std::shared_ptr<detail::EngineShared> shared,
-                                 std::vector<std::shared_ptr<optim::FlatOptimizer>> optimizers, caf::actor reducer,
-                                 caf::actor parameter_shard);
+// `kernels[g]`: flat group g's kernel. `partitions[g]`: this rank's partition of flat group g's
+// parameters, read once here (before any update) for the initial fp32 masters and the states'
+// shapes; updates go through the parameter-shard's `partitions` lend.
+optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> spec,
+                                            std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels,
+                                            const std::vector<at::Tensor>& partitions, gradient_reducer_actor reducer,
+                                            parameter_shard_actor parameter_shard);
 
 }  // namespace tessera::actors

@@ -2,39 +2,66 @@
 
 #include <ATen/ATen.h>
 
-#include "actors/detail/engine_shared.h"
-#include "actors/protocol.h"
+#include "actors/actor_runtime.h"
 
 namespace tessera::actors {
 namespace {
 
-caf::behavior parameter_shard(caf::event_based_actor*, std::shared_ptr<detail::EngineShared> shared) {
+struct ParameterShardState {
+  std::shared_ptr<const EngineSpec> spec;
+  std::vector<std::unique_ptr<zero::FlatParameters>> flat;
+  std::shared_ptr<transport::Communicator> comm;
+};
+
+parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stateful_pointer<ParameterShardState> self,
+                                                     std::shared_ptr<const EngineSpec> spec,
+                                                     std::shared_ptr<std::vector<std::unique_ptr<zero::FlatParameters>>> flat,
+                                                     std::shared_ptr<transport::Communicator> comm) {
+  auto& s = self->state;
+  s.spec = std::move(spec);
+  s.flat = std::move(*flat);
+  s.comm = std::move(comm);
   return {
-      [=](gather_atom) -> GatherReport {
-        GatherReport report;
+      [=](partitions_atom) -> Buffers {
+        Buffers out;
+        const int64_t owned = self->state.spec->owned_partition();
+        for (const auto& f : self->state.flat) out.tensors.push_back(f->partition(owned));
+        return out;
+      },
+      [=](gather_atom) -> Done {
+        Done done;
+        auto& st = self->state;
         try {
-          if (shared->stage >= 1 && shared->world > 1) {
-            // Issued for every group first, then waited for: the gathers overlap each other.
+          if (st.spec->plan->stage() >= 1 && st.comm) {
+            // Issued for every group first, then waited for: the gathers queue on the
+            // communicator's thread back to back. In place: each rank's partition is already
+            // where the gather puts it, so nothing is copied or allocated.
             std::vector<std::shared_ptr<transport::Work>> works;
-            for (const auto& group : shared->groups) {
-              // The input is a copy: the output (the whole buffer) contains our own partition.
-              auto own = group.flat->partition(shared->rank).clone();
-              works.push_back(shared->dp->all_gather(own, group.flat->buffer()));
-            }
-            for (auto& work : works) work->wait();
+            for (const auto& f : st.flat) works.push_back(st.comm->all_gather_in_place(f->buffer()));
+            for (auto& w : works) w->wait();
           }
         } catch (...) {
-          report.error = std::current_exception();
+          done.error = std::current_exception();
         }
-        return report;
+        return done;
+      },
+      [=](buffers_atom) -> Buffers {
+        Buffers out;
+        for (const auto& f : self->state.flat) out.tensors.push_back(f->buffer());
+        return out;
       },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_parameter_shard(caf::actor_system& system, std::shared_ptr<detail::EngineShared> shared) {
-  return system.spawn<caf::detached>(parameter_shard, std::move(shared));
+parameter_shard_actor spawn_parameter_shard(std::shared_ptr<const EngineSpec> spec,
+                                            std::vector<std::unique_ptr<zero::FlatParameters>> flat,
+                                            std::shared_ptr<transport::Communicator> comm) {
+  // CAF copies spawn arguments (and a detached actor starts later on its own thread): the
+  // buffers travel in a shared holder that the actor empties.
+  auto holder = std::make_shared<std::vector<std::unique_ptr<zero::FlatParameters>>>(std::move(flat));
+  return actor_system().spawn<caf::detached>(parameter_shard, std::move(spec), std::move(holder), std::move(comm));
 }
 
 }  // namespace tessera::actors

@@ -1,78 +1,134 @@
-// The messages of tessera's actors, in one place so the protocol reads top to bottom.
+// The messages of tessera's actors, in one place so the protocol reads top to bottom. Every actor
+// owns its state; what another needs it gets in a message, and a buffer it lends comes back (or
+// stops being used) at a point the protocol fixes. Messages carry handles and small descriptors,
+// never copies of buffers. Errors travel as std::exception_ptr inside the reply, so the user's
+// thread rethrows the original tessera::Error (a TimeoutError stays a TimeoutError). All types are
+// local to one process.
 //
-// gradient-reducer   <- begin(staging)   a backward whose gradients must be reduced starts
-//                                        (staging: its bucket inputs with partitioned gradients)
-//                    <- ready(i)         parameter i's gradient is final for this backward
-//                    <- flush            backward ended: issue every bucket not issued yet
-//                    <- collect -> WorkList   the reductions issued since `begin` (flushes first)
-// optimizer-shard    <- step(StepRequest) -> StepReport   wait reductions, clip, update, gather
-// parameter-shard    <- gather -> GatherReport             all-gather the updated partitions
-//
-// Messages carry handles and small descriptors, never copies of buffers. Errors travel as
-// std::exception_ptr inside the reply, so the user's thread rethrows the original tessera::Error
-// (a TimeoutError stays a TimeoutError). All types are local to one process.
+// gradient-reducer (owns the gradient buffers; the only issuer on the gradient communicator)
+//   <- begin                     a backward whose gradients must be reduced starts
+//   <- ready(i)                  stages 0/1: parameter i's gradient is final for this backward
+//   <- bucket(StagedBucket)      partitioned gradients: a filled bucket (its staging slot is lent)
+//   <- flush                     backward ended: issue every bucket not issued yet
+//   <- reclaim                   the staging needs a slot: issue what arrived, finish the oldest
+//   <- fold -> Done              fp32 accumulation: fold this backward's gradients (no reduction)
+//   <- finish(FinishRequest) -> GradientsReady   wait, unscale, overflow check, clip; the
+//                                gradient partitions are lent to the optimizer until `zero`
+//   <- zero -> Done              wait for everything issued, zero the gradients
+//   <- memory -> int64_t         bytes of gradients held (buffers, staging, .grad)
+// parameter-shard (owns the flat parameter buffers; the only issuer on the parameter communicator)
+//   <- partitions -> Buffers     this rank's partitions, lent to the optimizer until `gather`
+//   <- gather -> Done            all-gather the updated partitions into every rank's buffers
+//   <- buffers -> Buffers        the whole flat buffers (storage maps, memory; between steps)
+// optimizer-shard (owns masters and optimizer states through its state store)
+//   <- step(StepRequest) -> StepReport   finish -> partitions -> update -> gather + zero
+//   <- states -> OptimizerStates         masters and states (storage maps, memory; between steps)
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <caf/all.hpp>
 
 #include <exception>
-#include <functional>
-#include <memory>
+#include <string>
 #include <vector>
 
-#include "actors/bucket_staging.h"
-#include "core/optim/flat_optimizer.h"
-#include "transport/communicator.h"
+#include "core/optim/optimizer_kernel.h"
 
 namespace tessera::actors {
 
 using begin_atom = caf::atom_constant<caf::atom("begin")>;
 using ready_atom = caf::atom_constant<caf::atom("ready")>;
+using bucket_atom = caf::atom_constant<caf::atom("bucket")>;
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
-using collect_atom = caf::atom_constant<caf::atom("collect")>;
-using step_atom = caf::atom_constant<caf::atom("step")>;
+using reclaim_atom = caf::atom_constant<caf::atom("reclaim")>;
+using fold_atom = caf::atom_constant<caf::atom("fold")>;
+using finish_atom = caf::atom_constant<caf::atom("finish")>;
+using zero_atom = caf::atom_constant<caf::atom("zero")>;
+using memory_atom = caf::atom_constant<caf::atom("memory")>;
+using poll_atom = caf::atom_constant<caf::atom("poll")>;
+using partitions_atom = caf::atom_constant<caf::atom("parts")>;
 using gather_atom = caf::atom_constant<caf::atom("gather")>;
+using buffers_atom = caf::atom_constant<caf::atom("buffers")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using states_atom = caf::atom_constant<caf::atom("states")>;
 
-struct WorkList {
-  std::vector<std::shared_ptr<transport::Work>> works;  // in issue order
-  // Per work, what must run after it completed (copy a reduction done in a lower-precision
-  // staging buffer back into the gradients), or nullptr.
-  std::vector<std::function<void()>> finish;
-  std::exception_ptr error;                             // issuing failed
+// A reply that carries only success or the error.
+struct Done {
+  std::exception_ptr error;
+};
 
-  // Waits for every work in order and runs its finisher (a null work was finished already).
-  void wait_all() {
-    for (size_t i = 0; i < works.size(); ++i) {
-      if (!works[i]) continue;
-      works[i]->wait();
-      if (i < finish.size() && finish[i]) finish[i]();
-    }
-  }
+// A filled reduce-to-owner bucket: `data` (bucket.elements() elements of the bucket's comm dtype)
+// is a view of staging slot `slot`, lent to the reducer until it gives the slot back.
+struct StagedBucket {
+  size_t bucket = 0;
+  int slot = -1;
+  at::Tensor data;
+};
+
+struct FinishRequest {
+  double loss_scale = 1.0;     // gradients are divided by it before anything else (fp16)
+  double max_grad_norm = 0.0;  // 0 = no clipping
+};
+
+struct GradientsReady {
+  // Per flat group: this rank's gradient partition as the optimizer steps it (fp32 when there is
+  // an fp32 master), averaged, unscaled and clipped. Lent until `zero`.
+  std::vector<at::Tensor> partitions;
+  double grad_norm = -1.0;       // global L2 norm of the averaged gradients (-1: not computed)
+  bool overflow = false;         // fp16: a gradient was inf/NaN on some rank; update nothing
+  double reduction_wait_s = 0;   // waiting for reductions still running when finish arrived
+  std::exception_ptr error;
+};
+
+struct Buffers {
+  std::vector<at::Tensor> tensors;  // per flat group
+  std::exception_ptr error;
 };
 
 struct StepRequest {
   std::vector<optim::StepHyperparameters> hyperparameters;  // per parameter group
   double max_grad_norm = 0.0;  // 0 = no clipping
-  double loss_scale = 1.0;     // gradients are divided by it before anything else (fp16)
+  double loss_scale = 1.0;     // fp16
 };
 
 struct StepReport {
-  double grad_norm = -1.0;  // global L2 norm of the averaged gradients (-1: not computed)
-  bool overflow = false;    // fp16: a gradient was inf/NaN on some rank; nothing was updated
+  double grad_norm = -1.0;
+  bool overflow = false;
   double reduction_wait_s = 0;  // waiting for reductions still running when step() began
   double update_s = 0;          // unscale, clip and optimizer update
   double gather_s = 0;          // all-gather of the updated partitions
   std::exception_ptr error;
 };
 
-struct GatherReport {
+struct OptimizerStates {
+  std::vector<std::vector<std::string>> state_names;  // per flat group (its kernel's)
+  std::vector<at::Tensor> masters;              // per flat group (undefined: the weights are the master)
+  std::vector<std::vector<at::Tensor>> states;  // per flat group, in its state_names order
+  int64_t master_bytes = 0;
+  int64_t state_bytes = 0;                      // states and the kernels' workspace
   std::exception_ptr error;
 };
 
+using gradient_reducer_actor = caf::typed_actor<
+    caf::reacts_to<begin_atom>, caf::reacts_to<ready_atom, int64_t>, caf::reacts_to<bucket_atom, StagedBucket>,
+    caf::reacts_to<flush_atom>, caf::reacts_to<reclaim_atom>, caf::reacts_to<poll_atom>,
+    caf::replies_to<fold_atom>::with<Done>, caf::replies_to<finish_atom, FinishRequest>::with<GradientsReady>,
+    caf::replies_to<zero_atom>::with<Done>, caf::replies_to<memory_atom>::with<int64_t>>;
+
+using parameter_shard_actor =
+    caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
+                     caf::replies_to<buffers_atom>::with<Buffers>>;
+
+using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<StepReport>,
+                                               caf::replies_to<states_atom>::with<OptimizerStates>>;
+
 }  // namespace tessera::actors
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<tessera::actors::BucketStaging>)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WorkList)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Done)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedBucket)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::FinishRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::GradientsReady)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Buffers)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepReport)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::GatherReport)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::OptimizerStates)

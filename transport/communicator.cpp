@@ -200,22 +200,24 @@ void Communicator::check_flat(const char* op, const at::Tensor& t, const char* w
                          std::to_string(t.dim()) + "-d" + (t.is_contiguous() ? "" : " non-contiguous"));
 }
 
-std::shared_ptr<Work> Communicator::issue(const char* op, std::chrono::milliseconds timeout,
-                                          std::vector<at::Tensor> keep, std::function<void(Backend&)> run) {
+std::shared_ptr<Work> Communicator::issue(const char* op, const OpOptions& options, std::vector<at::Tensor> keep,
+                                          std::function<void(Backend&)> run) {
   auto state = std::make_shared<OpState>();
   state->op = op;
-  state->timeout = timeout.count() > 0 ? timeout : options_.timeout;
+  state->timeout = options.timeout.count() > 0 ? options.timeout : options_.timeout;
+  void* producer = options.cuda_stream;
   auto info = make_info(store_, options_.name, backend_->name(), rank_, size_, job_ranks_);
   auto backend = backend_;
   auto recorder = recorder_;
   sequencer_->issue(state, [info, backend, recorder, run = std::move(run), keep = std::move(keep),
-                            op = std::string(op), t = state->timeout](uint64_t sequence) {
+                            op = std::string(op), t = state->timeout, producer](uint64_t sequence) {
     recorder->begin(sequence, t);
     struct End {
       ArrivalRecorder& r;
       ~End() { r.end(); }
     } end{*recorder};
     try {
+      backend->wait_for_producer(producer);
       run(*backend);
     } catch (const Error&) {
       throw;
@@ -239,7 +241,7 @@ std::shared_ptr<Work> Communicator::all_reduce(at::Tensor tensor, const ReduceOp
   if (options.op == ReduceOp::avg && !at::isFloatingType(tensor.scalar_type()))
     throw TransportError(context() + ": all_reduce: avg needs a floating-point tensor");
   auto op = options.op;
-  return issue("all_reduce", options.timeout, {tensor}, [tensor, op](Backend& b) mutable { b.all_reduce(tensor, op); });
+  return issue("all_reduce", options, {tensor}, [tensor, op](Backend& b) mutable { b.all_reduce(tensor, op); });
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(at::Tensor input, at::Tensor output, const ReduceOptions& options) {
@@ -252,7 +254,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter(at::Tensor input, at::Tensor 
   if (options.op == ReduceOp::avg && !at::isFloatingType(input.scalar_type()))
     throw TransportError(context() + ": reduce_scatter: avg needs a floating-point tensor");
   auto op = options.op;
-  return issue("reduce_scatter", options.timeout, {input, output},
+  return issue("reduce_scatter", options, {input, output},
                [input, output, op](Backend& b) mutable { b.reduce_scatter(input, output, op); });
 }
 
@@ -263,8 +265,26 @@ std::shared_ptr<Work> Communicator::all_gather(at::Tensor input, at::Tensor outp
     throw TransportError(context() + ": all_gather: input has " + std::to_string(input.numel()) +
                          " elements, output " + std::to_string(output.numel()) + "; need output = " +
                          std::to_string(size_) + " x input, same dtype");
-  return issue("all_gather", options.timeout, {input, output},
+  return issue("all_gather", options, {input, output},
                [input, output](Backend& b) mutable { b.all_gather(input, output); });
+}
+
+std::shared_ptr<Work> Communicator::all_gather_in_place(at::Tensor buffer, const OpOptions& options) {
+  check_flat("all_gather_in_place", buffer, "buffer");
+  if (buffer.numel() % size_ != 0)
+    throw TransportError(context() + ": all_gather_in_place: buffer has " + std::to_string(buffer.numel()) +
+                         " elements, not a multiple of " + std::to_string(size_));
+  return issue("all_gather_in_place", options, {buffer},
+               [buffer](Backend& b) mutable { b.all_gather_in_place(buffer); });
+}
+
+std::shared_ptr<Work> Communicator::reduce(at::Tensor tensor, int root, const ReduceOptions& options) {
+  check_flat("reduce", tensor, "tensor");
+  if (root < 0 || root >= size_) throw TransportError(context() + ": reduce: root " + std::to_string(root) + " is not a member");
+  if (options.op == ReduceOp::avg && !at::isFloatingType(tensor.scalar_type()))
+    throw TransportError(context() + ": reduce: avg needs a floating-point tensor");
+  auto op = options.op;
+  return issue("reduce", options, {tensor}, [tensor, root, op](Backend& b) mutable { b.reduce(tensor, root, op); });
 }
 
 std::shared_ptr<Work> Communicator::all_gather_uneven(at::Tensor input, at::Tensor output, std::vector<int64_t> counts,
@@ -284,14 +304,14 @@ std::shared_ptr<Work> Communicator::all_gather_uneven(at::Tensor input, at::Tens
                          std::to_string(counts[rank_]) + " but input has " + std::to_string(input.numel()) +
                          "; counts sum to " + std::to_string(total) + " but output has " +
                          std::to_string(output.numel()));
-  return issue("all_gather_uneven", options.timeout, {input, output},
+  return issue("all_gather_uneven", options, {input, output},
                [input, output, counts](Backend& b) mutable { b.all_gather_uneven(input, output, counts); });
 }
 
 std::shared_ptr<Work> Communicator::broadcast(at::Tensor tensor, int root, const OpOptions& options) {
   check_flat("broadcast", tensor, "tensor");
   if (root < 0 || root >= size_) throw TransportError(context() + ": broadcast: root " + std::to_string(root) + " is not a member");
-  return issue("broadcast", options.timeout, {tensor}, [tensor, root](Backend& b) mutable { b.broadcast(tensor, root); });
+  return issue("broadcast", options, {tensor}, [tensor, root](Backend& b) mutable { b.broadcast(tensor, root); });
 }
 
 std::shared_ptr<Work> Communicator::all_to_all(at::Tensor input, at::Tensor output, const OpOptions& options) {
@@ -301,7 +321,7 @@ std::shared_ptr<Work> Communicator::all_to_all(at::Tensor input, at::Tensor outp
     throw TransportError(context() + ": all_to_all: input and output need the same dtype and a multiple of " +
                          std::to_string(size_) + " elements, got " + std::to_string(input.numel()) + " and " +
                          std::to_string(output.numel()));
-  return issue("all_to_all", options.timeout, {input, output},
+  return issue("all_to_all", options, {input, output},
                [input, output](Backend& b) mutable { b.all_to_all(input, output); });
 }
 
@@ -309,18 +329,18 @@ std::shared_ptr<Work> Communicator::send(at::Tensor tensor, int dst, uint32_t ta
   check_flat("send", tensor, "tensor");
   if (dst < 0 || dst >= size_ || dst == rank_)
     throw TransportError(context() + ": send: destination " + std::to_string(dst) + " is not another member");
-  return issue("send", options.timeout, {tensor}, [tensor, dst, tag](Backend& b) { b.send(tensor, dst, tag); });
+  return issue("send", options, {tensor}, [tensor, dst, tag](Backend& b) { b.send(tensor, dst, tag); });
 }
 
 std::shared_ptr<Work> Communicator::recv(at::Tensor tensor, int src, uint32_t tag, const OpOptions& options) {
   check_flat("recv", tensor, "tensor");
   if (src < 0 || src >= size_ || src == rank_)
     throw TransportError(context() + ": recv: source " + std::to_string(src) + " is not another member");
-  return issue("recv", options.timeout, {tensor}, [tensor, src, tag](Backend& b) mutable { b.recv(tensor, src, tag); });
+  return issue("recv", options, {tensor}, [tensor, src, tag](Backend& b) mutable { b.recv(tensor, src, tag); });
 }
 
 std::shared_ptr<Work> Communicator::barrier(const OpOptions& options) {
-  return issue("barrier", options.timeout, {}, [](Backend& b) { b.barrier(); });
+  return issue("barrier", options, {}, [](Backend& b) { b.barrier(); });
 }
 
 #ifndef TESSERA_WITH_CUDA

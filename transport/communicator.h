@@ -19,7 +19,10 @@
 //   all_reduce(t, op)            t := op over members of t (sum, avg, max).
 //   reduce_scatter(in, out, op)  in has size*k elements, out k: out := chunk r of op(in).
 //   all_gather(in, out)          out (size*k) := concat of every member's in (k).
+//   all_gather_in_place(buf)     buf (size*k): chunk i := member i's chunk i (no copy of the input).
 //   all_gather_uneven(in,out,c)  member i contributes c[i] elements; out = concat, sum(c) long.
+//   reduce(t, root, op)          root's t := op over members of t; the others' t is left
+//                                unspecified (scratch): it is where the reduction ran.
 //   broadcast(t, root)           t := root's t.
 //   all_to_all(in, out)          in and out size*k: out chunk i := member i's in chunk r.
 //   send(t, dst, tag)/recv(t, src, tag)  point to point; in program order like the rest.
@@ -64,6 +67,10 @@ struct CommunicatorOptions {
 // Per-operation options. timeout 0 = the communicator's.
 struct OpOptions {
   std::chrono::milliseconds timeout{0};
+  // NCCL: the CUDA stream (a cudaStream_t) whose work produced the inputs; the operation's
+  // stream waits for it first. nullptr: the legacy default stream (LibTorch's default current
+  // stream). Gloo ignores it.
+  void* cuda_stream = nullptr;
 };
 struct ReduceOptions : OpOptions {
   ReduceOp op = ReduceOp::sum;
@@ -110,6 +117,8 @@ class Communicator {
   std::shared_ptr<Work> all_reduce(at::Tensor tensor, const ReduceOptions& options = {});
   std::shared_ptr<Work> reduce_scatter(at::Tensor input, at::Tensor output, const ReduceOptions& options = {});
   std::shared_ptr<Work> all_gather(at::Tensor input, at::Tensor output, const OpOptions& options = {});
+  std::shared_ptr<Work> all_gather_in_place(at::Tensor buffer, const OpOptions& options = {});
+  std::shared_ptr<Work> reduce(at::Tensor tensor, int root, const ReduceOptions& options = {});
   std::shared_ptr<Work> all_gather_uneven(at::Tensor input, at::Tensor output, std::vector<int64_t> counts,
                                           const OpOptions& options = {});
   std::shared_ptr<Work> broadcast(at::Tensor tensor, int root, const OpOptions& options = {});
@@ -123,7 +132,7 @@ class Communicator {
                std::vector<int> job_ranks, const CommunicatorOptions& options);
 
  private:
-  std::shared_ptr<Work> issue(const char* op, std::chrono::milliseconds timeout, std::vector<at::Tensor> keep,
+  std::shared_ptr<Work> issue(const char* op, const OpOptions& options, std::vector<at::Tensor> keep,
                               std::function<void(Backend&)> run);
   void check_flat(const char* op, const at::Tensor& t, const char* what) const;
   std::string context() const;

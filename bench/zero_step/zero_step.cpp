@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "actors/engine.h"
+#include "actors/engine/engine.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/nn/tiny_gpt.h"

@@ -32,6 +32,22 @@ void add_run(TensorMap& map, int rank, int64_t begin, int64_t end, int64_t addre
 
 }  // namespace
 
+TensorMap stored_runs(const TensorInfo& tensor, const std::vector<StoredRun>& runs,
+                      const std::map<int, int64_t>& buffer_elements) {
+  TensorMap map;
+  map.name = tensor.name;
+  map.dtype = tensor.dtype;
+  map.shape = tensor.shape;
+  for (const auto& [rank, elements] : buffer_elements) map.ranks[rank].buffer_elements = elements;
+  for (const auto& run : runs) {
+    if (!buffer_elements.count(run.rank))
+      throw InvalidMapError(describe(map) + ": a run on rank " + std::to_string(run.rank) + " that has no buffer");
+    if (run.begin < run.end) add_run(map, run.rank, run.begin, run.end, run.address);
+  }
+  assign_holders_by_box(map);
+  return map;
+}
+
 int64_t zero12_partition_elements(int64_t total, int dp, int64_t alignment) {
   check_dp(dp);
   if (alignment <= 0) throw InvalidMapError("ZeRO flat-group alignment " + std::to_string(alignment));

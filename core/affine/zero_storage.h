@@ -19,11 +19,28 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "core/affine/builders.h"
 
 namespace tessera::affine {
+
+// One contiguous run of a tensor's row-major elements in a rank's flat buffer: elements
+// [begin, end) of the tensor at addresses [address, address + end - begin) of rank `rank`.
+struct StoredRun {
+  int rank = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t address = 0;
+};
+
+// The map of a tensor stored as `runs` (the general form of every builder below): each run is cut
+// by run_boxes(); holders are the ranks storing exactly the same box (assign_holders_by_box), so
+// runs repeated on several ranks are replicas. `buffer_elements[r]` is rank r's buffer size; a
+// rank listed there without runs holds nothing of the tensor.
+TensorMap stored_runs(const TensorInfo& tensor, const std::vector<StoredRun>& runs,
+                      const std::map<int, int64_t>& buffer_elements);
 
 // Maps of the tensors of one ZeRO-1/2 flat group, in input order.
 std::vector<TensorMap> zero12_flat_group(const std::vector<TensorInfo>& tensors, int dp, int64_t alignment = 1);

@@ -22,46 +22,29 @@ BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, in
   BucketPlan plan;
   plan.shape = shape;
   plan.param_buckets.resize(layout.params.size());
-  if (shape == BucketShape::all_reduce) {
-    // Only the parameters' elements are reduced; padding never is.
-    for (int64_t end = layout.numel; end > 0;) {
-      const int64_t begin = std::max<int64_t>(0, end - bucket_elements);
-      Bucket b{begin, end, {}};
-      params_in_range(layout, begin, end, b.params);
-      plan.buckets.push_back(std::move(b));
-      end = begin;
-    }
-  } else {
-    const int64_t slice = std::max<int64_t>(1, bucket_elements / layout.dp_size);
-    for (int64_t end = layout.partition_numel; end > 0;) {
-      const int64_t begin = std::max<int64_t>(0, end - slice);
-      Bucket b{begin, end, {}};
-      for (int64_t r = 0; r < layout.dp_size; ++r)
-        params_in_range(layout, r * layout.partition_numel + begin, r * layout.partition_numel + end, b.params);
-      std::sort(b.params.begin(), b.params.end());
-      b.params.erase(std::unique(b.params.begin(), b.params.end()), b.params.end());
-      plan.buckets.push_back(std::move(b));
-      end = begin;
-    }
+  // Only the parameters' elements are reduced; padding never is. Reduce-to-owner buckets also
+  // stop at partition boundaries.
+  const int64_t partition = std::max<int64_t>(1, layout.partition_numel);
+  for (int64_t end = layout.numel; end > 0;) {
+    const int64_t owner = (end - 1) / partition;
+    int64_t begin = std::max<int64_t>(0, end - bucket_elements);
+    if (shape == BucketShape::reduce_to_owner) begin = std::max(begin, owner * partition);
+    Bucket b{begin, end, {}, 0, shape == BucketShape::reduce_to_owner ? int(owner) : -1};
+    params_in_range(layout, begin, end, b.params);
+    plan.buckets.push_back(std::move(b));
+    end = begin;
   }
   for (size_t k = 0; k < plan.buckets.size(); ++k)
     for (int64_t p : plan.buckets[k].params) plan.param_buckets[p].push_back(int64_t(k));
   return plan;
 }
 
-std::vector<StagingCopy> staging_copies(const FlatGroupLayout& layout, BucketShape shape, const Bucket& bucket,
-                                        int64_t param_index) {
+StagingCopy staging_copy(const FlatGroupLayout& layout, const Bucket& bucket, int64_t param_index) {
   const auto& slot = layout.params.at(size_t(param_index));
-  const int64_t width = bucket.end - bucket.begin;
-  const int64_t slices = shape == BucketShape::all_reduce ? 1 : layout.dp_size;
-  std::vector<StagingCopy> out;
-  for (int64_t r = 0; r < slices; ++r) {
-    const int64_t base = shape == BucketShape::all_reduce ? 0 : r * layout.partition_numel;
-    const int64_t lo = std::max(slot.offset, base + bucket.begin);
-    const int64_t hi = std::min(slot.offset + slot.numel, base + bucket.end);
-    if (lo < hi) out.push_back({lo - slot.offset, r * width + (lo - base - bucket.begin), hi - lo});
-  }
-  return out;
+  const int64_t lo = std::max(slot.offset, bucket.begin);
+  const int64_t hi = std::min(slot.offset + slot.numel, bucket.end);
+  if (lo >= hi) return {};
+  return {lo - slot.offset, lo - bucket.begin, hi - lo};
 }
 
 BucketPlan make_bucket_plan(const std::vector<FlatGroupLayout>& layouts,

@@ -1,17 +1,21 @@
 // A BucketPlan cuts a flat gradient buffer into the buckets the gradient reducer reduces, in the
 // one order every rank issues them (DESIGN.md §2: collectives in program order, never arrival order).
 //
-// Buckets are numbered from the END of the flat buffer, because backward produces the last
-// layers' gradients first; bucket k is issued once all its parameters reported "ready" and buckets
-// 0..k-1 were issued. Two shapes:
-//   all-reduce (stages 0/1): bucket k is the flat range [begin, end) of at most bucket_elements.
-//   reduce-scatter (stage 2): bucket k is the range [begin, end) relative to each partition; its
-//     input is the W slices [r*P + begin, r*P + end) (W * (end - begin) <= bucket_elements, at least
-//     one element per slice) and rank r receives the reduced slice r into its own partition.
-// A parameter belongs to every bucket it overlaps; padding and empty parameters belong to none.
+// Buckets are contiguous flat ranges [begin, end) (end exclusive) of at most bucket_elements,
+// numbered from the END of the buffer, because backward produces the last layers' gradients
+// first; bucket k is issued once all its parameters reported "ready" and buckets 0..k-1 were
+// issued. Padding is never part of a bucket. Two shapes:
+//   all_reduce (stages 0/1): every rank receives the averaged bucket (owner = -1).
+//   reduce_to_owner (stage 2, partitioned gradients): buckets never cross a partition boundary,
+//     so each lies in one rank's partition; that rank (owner) receives the averaged bucket and
+//     adds it into its gradient partition, the others only contribute (DeepSpeed's stage 2
+//     reduces each bucket slice to the rank that owns it). A bucket fills in backward order
+//     from gradients that are ready together, so its staging can be bounded (bucket_staging.h).
+// A parameter belongs to every bucket it overlaps; empty parameters belong to none.
 //
 // Example: 66 elements at dp 3 (P = 22), bucket_elements 30, all-reduce: buckets [36, 66), [6, 36),
-// [0, 6). Reduce-scatter with bucket_elements 30: slices of 10: [12, 22), [2, 12), [0, 2).
+// [0, 6). Reduce-to-owner: [44, 66) owner 2, [22, 44) owner 1, [0, 22) owner 0; with
+// bucket_elements 10: [56, 66), [46, 56), [44, 46) (owner 2), [34, 44), [24, 34), [22, 24) (owner 1), ...
 //
 // Several flat groups (parameter groups, or gradients reduced in different dtypes) get one plan:
 // each group is cut as above and the groups' buckets are merged by the latest parameter (in
@@ -26,13 +30,16 @@
 
 namespace tessera::zero {
 
-enum class BucketShape { all_reduce, reduce_scatter };
+enum class BucketShape { all_reduce, reduce_to_owner };
 
 struct Bucket {
-  int64_t begin = 0;  // flat (all_reduce) or partition-relative (reduce_scatter); end exclusive
+  int64_t begin = 0;  // flat range of the group's buffer; end exclusive
   int64_t end = 0;
   std::vector<int64_t> params;  // parameter indices overlapping the bucket, ascending (see below)
   int64_t group = 0;            // the flat group whose buffer the range is in
+  int owner = -1;               // reduce_to_owner: the rank whose partition holds the range
+
+  int64_t elements() const { return end - begin; }
 };
 
 struct BucketPlan {
@@ -41,19 +48,16 @@ struct BucketPlan {
   std::vector<std::vector<int64_t>> param_buckets;  // per parameter: its bucket indices
 };
 
-// Where the elements of one parameter go in a bucket's packed input (the staging buffer a
-// reduction reads when gradients are not views of one flat buffer): parameter elements
-// [param_begin, param_begin + length) to staging elements [staging_begin, ...). The packed input
-// is [begin, end) for all-reduce and the W slices [r*P + begin, r*P + end) one after another for
-// reduce-scatter. Example: P = 22, bucket [18, 22) (slices of 4), a parameter at flat [20, 42):
-// its elements [0, 2) go to staging [2, 4) (rank 0's slice) and [20, 22) to [4, 6) (rank 1's).
+// Where the elements of one parameter go in a bucket's packed input (its staging buffer, when
+// gradients are not views of one flat buffer): parameter elements [param_begin, param_begin +
+// length) to staging elements [staging_begin, ...); length 0 when the parameter misses the bucket.
+// Example: bucket [18, 22), a parameter at flat [20, 42): its elements [0, 2) go to staging [2, 4).
 struct StagingCopy {
   int64_t param_begin = 0;
   int64_t staging_begin = 0;
   int64_t length = 0;
 };
-std::vector<StagingCopy> staging_copies(const FlatGroupLayout& layout, BucketShape shape, const Bucket& bucket,
-                                        int64_t param_index);
+StagingCopy staging_copy(const FlatGroupLayout& layout, const Bucket& bucket, int64_t param_index);
 
 // One group; parameter indices are the layout's. Throws tessera::Error when bucket_elements < 1.
 BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, int64_t bucket_elements);

@@ -24,7 +24,7 @@
 #include <iostream>
 #include <thread>
 
-#include "actors/engine.h"
+#include "actors/engine/engine.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/error.h"

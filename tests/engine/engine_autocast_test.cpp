@@ -7,8 +7,8 @@
 
 #include <ATen/autocast_mode.h>
 
-#include "actors/autocast.h"
-#include "actors/engine.h"
+#include "actors/engine/autocast.h"
+#include "actors/engine/engine.h"
 #include "core/config/load.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
-#include "actors/engine.h"
+#include "actors/engine/engine.h"
 #include "core/config/load.h"
 #include "core/error.h"
 #include "core/nn/tiny_gpt.h"

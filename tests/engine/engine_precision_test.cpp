@@ -13,7 +13,7 @@
 #include <functional>
 #include <map>
 
-#include "actors/engine.h"
+#include "actors/engine/engine.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/error.h"

@@ -9,7 +9,7 @@
 #include <map>
 
 #include "actors/actor_runtime.h"
-#include "actors/engine.h"
+#include "actors/engine/engine.h"
 #include "core/affine/builders.h"
 #include "core/affine/local_executor.h"
 #include "core/affine/planner.h"

@@ -74,6 +74,20 @@ void check_all_collectives(Communicator& comm, const std::vector<int>& members) 
         comm.all_gather(in, out)->wait();
         for (int i = 0; i < size; ++i) CHECK(torch::equal(out.narrow(0, i * n, n), input_of(members[i], n, dtype, 2)));
       }
+      {  // all_gather_in_place: chunk i of the buffer is member i's contribution, NaN-free check
+        auto buffer = torch::full({n * size}, 99, dtype);
+        buffer.narrow(0, me * n, n).copy_(input_of(my_job_rank, n, dtype, 4));
+        comm.all_gather_in_place(buffer)->wait();
+        for (int i = 0; i < size; ++i)
+          CHECK(torch::equal(buffer.narrow(0, i * n, n), input_of(members[i], n, dtype, 4)));
+      }
+      for (int root = 0; root < size; root += std::max(1, size - 1)) {  // reduce to the first and last member
+        for (auto op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+          auto t = input_of(my_job_rank, n, dtype, 5);
+          comm.reduce(t, root, {{}, op})->wait();
+          if (me == root) CHECK(torch::equal(t, expected_reduce(members, n, dtype, op, 5)));
+        }
+      }
       {  // all_gather_uneven: member i contributes (n + i) % 5 * (i + 1) elements (some zero)
         std::vector<int64_t> counts;
         int64_t total = 0;

@@ -20,10 +20,18 @@ TEST_CASE("Worked example from the header", "[zero][buckets]") {
   CHECK((ar.buckets[2].begin == 0 && ar.buckets[2].end == 6));
   CHECK(ar.buckets[0].params == std::vector<int64_t>{1, 2, 3});  // b [35,42), c [42,63), d [63,66)
   CHECK(ar.param_buckets[0] == std::vector<int64_t>{1, 2});  // a [0,35) overlaps [6,36) and [0,6)
-  auto rs = make_bucket_plan(layout, BucketShape::reduce_scatter, 30);
-  REQUIRE(rs.buckets.size() == 3);
-  CHECK((rs.buckets[0].begin == 12 && rs.buckets[0].end == 22));
-  CHECK((rs.buckets[2].begin == 0 && rs.buckets[2].end == 2));
+  for (const auto& b : ar.buckets) CHECK(b.owner == -1);
+  // Reduce-to-owner (P = 22): one bucket per partition at bucket_elements 30...
+  auto ro = make_bucket_plan(layout, BucketShape::reduce_to_owner, 30);
+  REQUIRE(ro.buckets.size() == 3);
+  CHECK((ro.buckets[0].begin == 44 && ro.buckets[0].end == 66 && ro.buckets[0].owner == 2));
+  CHECK((ro.buckets[1].begin == 22 && ro.buckets[1].end == 44 && ro.buckets[1].owner == 1));
+  CHECK((ro.buckets[2].begin == 0 && ro.buckets[2].end == 22 && ro.buckets[2].owner == 0));
+  // ... and at 10, cut at the partition boundaries too.
+  ro = make_bucket_plan(layout, BucketShape::reduce_to_owner, 10);
+  REQUIRE(ro.buckets.size() == 9);
+  CHECK((ro.buckets[2].begin == 44 && ro.buckets[2].end == 46 && ro.buckets[2].owner == 2));
+  CHECK((ro.buckets[3].begin == 34 && ro.buckets[3].end == 44 && ro.buckets[3].owner == 1));
 }
 
 TEST_CASE("Random layouts: buckets tile the buffer and list their parameters exactly", "[zero][buckets]") {
@@ -34,26 +42,29 @@ TEST_CASE("Random layouts: buckets tile the buffer and list their parameters exa
     std::vector<int64_t> numels;
     for (int64_t i = 0; i < n; ++i) names.push_back("p" + std::to_string(i)), numels.push_back(rng() % 30);
     auto layout = make_flat_group_layout(names, numels, dp, 1 + rng() % 3);
-    for (auto shape : {BucketShape::all_reduce, BucketShape::reduce_scatter}) {
+    for (auto shape : {BucketShape::all_reduce, BucketShape::reduce_to_owner}) {
       auto plan = make_bucket_plan(layout, shape, bucket);
       INFO("trial " << trial << " shape " << int(shape));
-      const int64_t extent = shape == BucketShape::all_reduce ? layout.numel : layout.partition_numel;
-      // Tiling from the end: bucket k ends where bucket k-1 begins.
-      int64_t expected_end = extent;
+      // Tiling from the end: bucket k ends where bucket k-1 begins; padding is never covered.
+      int64_t expected_end = layout.numel;
       for (const auto& b : plan.buckets) {
         REQUIRE(b.end == expected_end);
         REQUIRE(b.begin < b.end);
-        const int64_t width = (b.end - b.begin) * (shape == BucketShape::all_reduce ? 1 : dp);
-        REQUIRE((width <= bucket || b.end - b.begin == 1));
+        REQUIRE(b.elements() <= bucket);
+        if (shape == BucketShape::all_reduce) {
+          REQUIRE(b.owner == -1);
+        } else {
+          // Inside the owner's partition, and as long as it may be there.
+          REQUIRE(b.owner == b.begin / layout.partition_numel);
+          REQUIRE(b.end <= (b.owner + 1) * layout.partition_numel);
+          REQUIRE((b.elements() == bucket || b.begin == b.owner * layout.partition_numel));
+        }
         expected_end = b.begin;
         // Brute force: the parameters owning any element the bucket covers.
         std::set<int64_t> owners;
-        for (int64_t r = 0; r < (shape == BucketShape::all_reduce ? 1 : dp); ++r) {
-          const int64_t base = shape == BucketShape::all_reduce ? 0 : r * layout.partition_numel;
-          for (int64_t e = base + b.begin; e < base + b.end; ++e)
-            for (int64_t i = 0; i < n; ++i)
-              if (e >= layout.params[i].offset && e < layout.params[i].offset + numels[i]) owners.insert(i);
-        }
+        for (int64_t e = b.begin; e < b.end; ++e)
+          for (int64_t i = 0; i < n; ++i)
+            if (e >= layout.params[i].offset && e < layout.params[i].offset + numels[i]) owners.insert(i);
         REQUIRE(std::vector<int64_t>(owners.begin(), owners.end()) == b.params);
       }
       REQUIRE(expected_end == 0);
@@ -74,11 +85,12 @@ TEST_CASE("Several groups: one plan, merged by the latest parameter, model-wide 
   CHECK((plan.buckets[2].group == 1 && plan.buckets[2].params == std::vector<int64_t>{1}));
   CHECK((plan.buckets[3].group == 0 && plan.buckets[3].params == std::vector<int64_t>{0}));
   CHECK(plan.param_buckets[2] == std::vector<int64_t>{1});
-  // A bucket spanning two parameters takes the latest as its key; reduce-scatter likewise.
-  auto rs = make_bucket_plan({a, b}, {{0, 2}, {1, 3}}, BucketShape::reduce_scatter, 40);
-  REQUIRE(rs.buckets.size() == 2);
-  CHECK((rs.buckets[0].group == 1 && rs.buckets[1].group == 0));
-  CHECK(rs.param_buckets[0] == std::vector<int64_t>{1});
+  // A bucket spanning two parameters takes the latest as its key; reduce-to-owner likewise (each
+  // group's partitions of 10 are one bucket each).
+  auto ro = make_bucket_plan({a, b}, {{0, 2}, {1, 3}}, BucketShape::reduce_to_owner, 40);
+  REQUIRE(ro.buckets.size() == 4);
+  CHECK((ro.buckets[0].group == 1 && ro.buckets[0].owner == 1 && ro.buckets[1].group == 0));
+  CHECK(ro.param_buckets[0] == std::vector<int64_t>{3});
   // Bad numberings are refused.
   CHECK_THROWS(make_bucket_plan({a, b}, {{0, 2}, {2, 3}}, BucketShape::all_reduce, 10));
   CHECK_THROWS(make_bucket_plan({a, b}, {{2, 0}, {1, 3}}, BucketShape::all_reduce, 10));
@@ -98,7 +110,7 @@ TEST_CASE("Random group splits: every bucket of every group once, merged by thei
     }
     std::vector<FlatGroupLayout> layouts;
     for (int64_t g = 0; g < groups; ++g) layouts.push_back(make_flat_group_layout(names[g], numels[g], dp));
-    for (auto shape : {BucketShape::all_reduce, BucketShape::reduce_scatter}) {
+    for (auto shape : {BucketShape::all_reduce, BucketShape::reduce_to_owner}) {
       const int64_t size = 1 + rng() % 25;
       auto plan = make_bucket_plan(layouts, ids, shape, size);
       // Exactly each group's own buckets (same ranges), in some order.
@@ -129,15 +141,14 @@ TEST_CASE("Random group splits: every bucket of every group once, merged by thei
 }
 
 TEST_CASE("Staging copies: packing parameters by the copies equals packing the flat buffer", "[zero][buckets]") {
-  // Header example: P = 22, bucket [18, 22), parameter at flat [20, 42).
+  // Header example: bucket [18, 22), parameter at flat [20, 42).
   auto example = make_flat_group_layout({"a", "b", "c"}, {20, 22, 24}, 3);
   Bucket bucket{18, 22, {}};
-  auto copies = staging_copies(example, BucketShape::reduce_scatter, bucket, 1);
-  REQUIRE(copies.size() == 2);
-  CHECK((copies[0].param_begin == 0 && copies[0].staging_begin == 2 && copies[0].length == 2));
-  CHECK((copies[1].param_begin == 20 && copies[1].staging_begin == 4 && copies[1].length == 2));
+  auto copy = staging_copy(example, bucket, 1);
+  CHECK((copy.param_begin == 0 && copy.staging_begin == 2 && copy.length == 2));
+  CHECK(staging_copy(example, bucket, 2).length == 0);
   // Brute force over random layouts: element e of the flat buffer holds its own index; packing
-  // every parameter through the copies must reproduce the bucket's packed input (padding: -1).
+  // every parameter through the copies must reproduce the bucket's range.
   std::mt19937_64 rng(17);
   for (int trial = 0; trial < 200; ++trial) {
     const int64_t dp = 1 + rng() % 4, n = 1 + rng() % 5;
@@ -145,22 +156,18 @@ TEST_CASE("Staging copies: packing parameters by the copies equals packing the f
     std::vector<int64_t> numels;
     for (int64_t i = 0; i < n; ++i) names.push_back("p" + std::to_string(i)), numels.push_back(rng() % 25);
     auto layout = make_flat_group_layout(names, numels, dp, 1 + rng() % 2);
-    for (auto shape : {BucketShape::all_reduce, BucketShape::reduce_scatter}) {
+    for (auto shape : {BucketShape::all_reduce, BucketShape::reduce_to_owner}) {
       auto plan = make_bucket_plan(layout, shape, 1 + rng() % 30);
       for (const auto& b : plan.buckets) {
-        const int64_t slices = shape == BucketShape::all_reduce ? 1 : dp, width = b.end - b.begin;
-        std::vector<int64_t> expected(slices * width, -1), got(slices * width, -1);
-        for (int64_t r = 0; r < slices; ++r)
-          for (int64_t e = 0; e < width; ++e) {
-            const int64_t flat = (shape == BucketShape::all_reduce ? 0 : r * layout.partition_numel) + b.begin + e;
-            if (flat < layout.numel) expected[r * width + e] = flat;
+        std::vector<int64_t> expected(b.elements(), -1), got(b.elements(), -1);
+        for (int64_t e = 0; e < b.elements(); ++e) expected[e] = b.begin + e;
+        for (int64_t i = 0; i < n; ++i) {
+          const auto c = staging_copy(layout, b, i);
+          for (int64_t k = 0; k < c.length; ++k) {
+            REQUIRE(got[c.staging_begin + k] == -1);  // no element written twice
+            got[c.staging_begin + k] = layout.params[i].offset + c.param_begin + k;
           }
-        for (int64_t i = 0; i < n; ++i)
-          for (const auto& c : staging_copies(layout, shape, b, i))
-            for (int64_t k = 0; k < c.length; ++k) {
-              REQUIRE(got[c.staging_begin + k] == -1);  // no element written twice
-              got[c.staging_begin + k] = layout.params[i].offset + c.param_begin + k;
-            }
+        }
         REQUIRE(got == expected);
       }
     }

@@ -8,6 +8,7 @@
 #include "core/zero/flat_parameters.h"
 #include "core/zero/grad_ready_hooks.h"
 
+using tessera::zero::FlatGradients;
 using tessera::zero::FlatParameters;
 using tessera::zero::GradReadyHooks;
 
@@ -47,6 +48,7 @@ TEST_CASE("Parameters become views of the flat buffer; outputs and gradients sta
   auto oracle = std::make_shared<Net>();
   copy_weights(*model, *oracle);
   FlatParameters flat(named(*model), /*dp_size=*/3);
+  FlatGradients grads(flat);
   // 35 + 7 + 21 + 3 = 66 elements, already a multiple of 3.
   CHECK(flat.layout().numel == 66);
   const auto* base = static_cast<const char*>(flat.buffer().data_ptr());
@@ -68,22 +70,26 @@ TEST_CASE("Parameters become views of the flat buffer; outputs and gradients sta
     INFO(name);
     CHECK(torch::equal(p.grad(), oracle_params[name].grad()));
   }
-  CHECK(flat.gradients_attached());
+  CHECK(grads.attached());
   // An update written into one partition is the module's new weight.
   flat.partition(1).fill_(0.25f);
   CHECK(model->fc1->bias[0].item<float>() == 0.25f);  // fc1.bias occupies [35, 42), rank 1 owns [22, 44)
-  flat.zero_grad();
-  CHECK(flat.grad_buffer().abs().sum().item<float>() == 0.0f);
+  grads.zero();
+  CHECK(grads.buffer().abs().sum().item<float>() == 0.0f);
   model->fc2->bias.mutable_grad() = torch::ones({3});  // a user replaces a .grad
-  CHECK_FALSE(flat.gradients_attached());
-  flat.zero_grad();
-  CHECK(flat.gradients_attached());
+  CHECK_FALSE(grads.attached());
+  grads.zero();
+  CHECK(grads.attached());
+  // A layout made for other parameters is refused.
+  auto other = tessera::zero::make_flat_group_layout({"x"}, {4}, 1);
+  CHECK_THROWS_WITH(FlatParameters(named(*oracle), other), Catch::Contains("the layout has 1 parameters"));
 }
 
 TEST_CASE("GradReadyHooks fire once per parameter per backward, after accumulation", "[zero]") {
   torch::manual_seed(1);
   auto model = std::make_shared<Net>();
   FlatParameters flat(named(*model), 2);
+  FlatGradients grads(flat);
   std::map<int64_t, int> fired;
   std::vector<int64_t> order;
   int ends = 0;
@@ -98,7 +104,7 @@ TEST_CASE("GradReadyHooks fire once per parameter per backward, after accumulati
                          },
                          [&] { ++ends; });
     for (int iteration = 0; iteration < 3; ++iteration) {
-      flat.zero_grad();
+      grads.zero();
       model->forward(torch::randn({2, 5})).sum().backward();
     }
   }

@@ -19,9 +19,16 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const std::string& name() const = 0;
+  // Called before every operation: work on `cuda_stream` (a cudaStream_t; nullptr = the legacy
+  // default stream) that produced the inputs must be ordered before it (NCCL). No-op on CPU.
+  virtual void wait_for_producer(void* /*cuda_stream*/) {}
   virtual void all_reduce(at::Tensor& tensor, ReduceOp op) = 0;
   virtual void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) = 0;
   virtual void all_gather(const at::Tensor& input, at::Tensor& output) = 0;
+  // `buffer` holds size chunks; chunk r is member r's contribution (this member's already there).
+  virtual void all_gather_in_place(at::Tensor& buffer) = 0;
+  // In place; the result is on `root` only (other members' tensor is left unspecified).
+  virtual void reduce(at::Tensor& tensor, int root, ReduceOp op) = 0;
   virtual void all_gather_uneven(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& counts) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   virtual void all_to_all(const at::Tensor& input, at::Tensor& output) = 0;

@@ -5,7 +5,9 @@
 // reductions run in fp32; byte-moving operations run on a uint8 view (Gloo has no bf16).
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
+#include <gloo/reduce.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 
@@ -42,7 +44,7 @@ class GlooBackend : public Backend {
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     if (tensor.numel() == 0) return;
-    at::Tensor work = is_half(tensor) ? tensor.to(at::kFloat) : tensor;
+    at::Tensor work = is_half(tensor) ? upcast(tensor) : tensor;
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
     std::vector<at::Tensor> v{work};
@@ -78,6 +80,31 @@ class GlooBackend : public Backend {
     for (int r = 0; r < size_; ++r) outs[0].push_back(out.narrow(0, r * n, n));
     std::vector<at::Tensor> ins{bytes(input)};
     pg_->allgather(outs, ins)->wait();
+  }
+
+  void all_gather_in_place(at::Tensor& buffer) override {
+    if (buffer.numel() == 0) return;
+    at::Tensor out = bytes(buffer);
+    gloo::AllgatherOptions o(context_);
+    o.setOutput<uint8_t>(out.data_ptr<uint8_t>(), static_cast<size_t>(out.numel()));
+    o.setTag(next_tag_++);
+    o.setTimeout(timeout_);
+    gloo::allgather(o);
+  }
+
+  void reduce(at::Tensor& tensor, int root, ReduceOp op) override {
+    if (tensor.numel() == 0) return;
+    switch (tensor.scalar_type()) {
+      case at::kFloat:
+      case at::kBFloat16:
+      case at::kHalf: return reduce_as<float>(tensor, root, op);
+      case at::kDouble: return reduce_as<double>(tensor, root, op);
+      case at::kLong: return reduce_as<int64_t>(tensor, root, op);
+      case at::kInt: return reduce_as<int32_t>(tensor, root, op);
+      default:
+        throw TransportError(std::string("gloo reduce: dtype ") + c10::toString(tensor.scalar_type()) +
+                             " not supported (float, bf16, fp16, double, int32, int64)");
+    }
   }
 
   void all_gather_uneven(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& counts) override {
@@ -130,6 +157,33 @@ class GlooBackend : public Backend {
   }
 
  private:
+  // bf16/fp16 values upcast into the backend's fp32 scratch (grown, never shrunk: operations run
+  // one at a time on the sequencer's thread, so one buffer serves all and nothing is allocated
+  // per call in the steady state).
+  at::Tensor upcast(const at::Tensor& t) {
+    if (scratch_.numel() < t.numel()) scratch_ = at::empty({t.numel()}, t.options().dtype(at::kFloat));
+    auto out = scratch_.narrow(0, 0, t.numel());
+    out.copy_(t);
+    return out;
+  }
+
+  // gloo's ring reduce in place (the tensor itself, or its fp32 upcast); root divides for avg.
+  template <typename T>
+  void reduce_as(at::Tensor& tensor, int root, ReduceOp op) {
+    at::Tensor work = is_half(tensor) ? upcast(tensor) : tensor;
+    gloo::ReduceOptions o(context_);
+    o.setOutput<T>(work.data_ptr<T>(), static_cast<size_t>(work.numel()));
+    o.setRoot(root);
+    using Fn = void (*)(void*, const void*, const void*, size_t);
+    o.setReduceFunction(op == ReduceOp::max ? static_cast<Fn>(&gloo::max<T>) : static_cast<Fn>(&gloo::sum<T>));
+    o.setTag(next_tag_++);
+    o.setTimeout(timeout_);
+    gloo::reduce(o);
+    if (rank_ != root) return;
+    if (op == ReduceOp::avg) work.div_(size_);
+    if (!work.is_same(tensor)) tensor.copy_(work);
+  }
+
   // gloo's halving-doubling reduce-scatter reduces in place in its buffer and leaves this rank's
   // chunk at the front. Gloo algorithms are built once and run many times: one instance (with its
   // own buffer) per (dtype, elements, op), made at the first such call, which every rank reaches
@@ -175,6 +229,7 @@ class GlooBackend : public Backend {
   std::map<std::tuple<int, int64_t, int>, CachedReduceScatter> reduce_scatters_;
   uint64_t uses_ = 0;
 
+  at::Tensor scratch_;  // fp32, see upcast()
   std::string name_ = "gloo";
   int rank_;
   int size_;

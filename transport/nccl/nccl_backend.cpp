@@ -69,15 +69,25 @@ class NcclBackend : public Backend {
     check_nccl(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+    check_cuda(cudaEventCreateWithFlags(&producer_done_, cudaEventDisableTiming), "cudaEventCreate");
   }
 
   ~NcclBackend() override {
+    if (producer_done_) cudaEventDestroy(producer_done_);
     if (scratch_) cudaFree(scratch_);
     if (stream_) cudaStreamDestroy(stream_);
     if (comm_) ncclCommDestroy(comm_);
   }
 
   const std::string& name() const override { return name_; }
+
+  // The operation's stream (non-blocking, so it does not sync with the default stream by itself)
+  // waits for what the producer's stream has enqueued so far: inputs are complete before NCCL
+  // reads them. Outputs are complete when sync() returns.
+  void wait_for_producer(void* producer) override {
+    check_cuda(cudaEventRecord(producer_done_, static_cast<cudaStream_t>(producer)), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, producer_done_, 0), "cudaStreamWaitEvent");
+  }
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
     device_tensor(t);
@@ -101,6 +111,21 @@ class NcclBackend : public Backend {
     check_nccl(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in), comm_, stream_),
                "ncclAllGather");
     sync("all_gather");
+  }
+
+  void all_gather_in_place(at::Tensor& buffer) override {
+    device_tensor(buffer);
+    const int64_t chunk = buffer.numel() / size_;
+    auto* own = static_cast<char*>(buffer.data_ptr()) + rank_ * chunk * buffer.element_size();
+    check_nccl(ncclAllGather(own, buffer.data_ptr(), chunk, nccl_type(buffer), comm_, stream_), "ncclAllGather");
+    sync("all_gather_in_place");
+  }
+
+  void reduce(at::Tensor& t, int root, ReduceOp op) override {
+    device_tensor(t);
+    check_nccl(ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), root, comm_, stream_),
+               "ncclReduce");
+    sync("reduce");
   }
 
   void all_gather_uneven(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& counts) override {
@@ -203,6 +228,7 @@ class NcclBackend : public Backend {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;
+  cudaEvent_t producer_done_ = nullptr;
 };
 
 }  // namespace

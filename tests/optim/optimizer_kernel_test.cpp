@@ -1,5 +1,6 @@
-// FlatOptimizer on ZeRO-style partitions of a flat buffer against LibTorch's own optimizers on
-// the whole parameters: after 12 steps every parameter must be bitwise equal.
+// OptimizerKernel on ZeRO-style partitions of a flat buffer, cut further into sub-groups, against
+// LibTorch's own optimizers on the whole parameters: after 12 steps every parameter must be
+// bitwise equal. The workspace is reused: nothing is allocated after the first update.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
@@ -7,12 +8,13 @@
 #include <memory>
 
 #include "core/error.h"
-#include "core/optim/flat_optimizer.h"
+#include "core/optim/optimizer_kernel.h"
 
-using tessera::optim::FlatOptimizer;
+using tessera::optim::OptimizerKernel;
 using tessera::optim::OptimizerKind;
 using tessera::optim::OptimizerOptions;
-using tessera::optim::make_flat_optimizer;
+using tessera::optim::Workspace;
+using tessera::optim::make_optimizer_kernel;
 
 namespace {
 
@@ -22,10 +24,17 @@ const std::vector<std::vector<int64_t>> kShapes = {{7, 5}, {13}, {3, 4, 2}, {1}}
 
 using TorchFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 
-// Runs `steps` steps of LibTorch's optimizer on whole parameters and of FlatOptimizer on
-// `world` partitions of the padded flat buffer, with the same gradients; compares bitwise.
+// One run of elements with its own states, as a state store holds a sub-group.
+struct Run {
+  torch::Tensor param, grad;
+  std::vector<torch::Tensor> states;
+};
+
+// Runs `steps` steps of LibTorch's optimizer on whole parameters and of the kernel on `world`
+// partitions of the padded flat buffer, each cut into sub-groups of `sub_group` elements, with
+// the same gradients; compares bitwise.
 void expect_same_as_torch(const OptimizerOptions& options, const TorchFactory& make_torch, int world,
-                          int steps = 12) {
+                          int64_t sub_group = 1 << 30, int steps = 12) {
   torch::manual_seed(1234);
   std::vector<torch::Tensor> reference;
   int64_t total = 0;
@@ -45,9 +54,17 @@ void expect_same_as_torch(const OptimizerOptions& options, const TorchFactory& m
   }
   for (auto& p : reference) p.set_requires_grad(true);
   auto torch_opt = make_torch(reference);
-  std::vector<std::unique_ptr<FlatOptimizer>> ranks;
-  for (int r = 0; r < world; ++r) ranks.push_back(make_flat_optimizer(options));
-
+  auto kernel = make_optimizer_kernel(options);
+  std::vector<Run> runs;
+  for (int r = 0; r < world; ++r)
+    for (int64_t b = 0; b < part; b += sub_group) {
+      const int64_t n = std::min(sub_group, part - b);
+      Run run{flat.narrow(0, r * part + b, n), flat_grad.narrow(0, r * part + b, n), {}};
+      run.states = kernel->initial_states(run.param);
+      runs.push_back(run);
+    }
+  Workspace workspace;
+  int64_t allocations_after_first = -1;
   for (int step = 0; step < steps; ++step) {
     int64_t offset = 0;
     for (auto& p : reference) {
@@ -57,10 +74,10 @@ void expect_same_as_torch(const OptimizerOptions& options, const TorchFactory& m
       offset += p.numel();
     }
     torch_opt->step();
-    for (int r = 0; r < world; ++r)
-      ranks[r]->step(flat.narrow(0, r * part, part), flat_grad.narrow(0, r * part, part),
-                     ranks[r]->default_hyperparameters());
+    for (auto& run : runs) kernel->step(run.param, run.grad, run.states, step + 1, kernel->default_hyperparameters(), workspace);
+    if (step == 0) allocations_after_first = workspace.allocations();
   }
+  CHECK(workspace.allocations() == allocations_after_first);
   int64_t offset = 0;
   for (size_t i = 0; i < reference.size(); ++i) {
     auto mine = flat.narrow(0, offset, reference[i].numel()).reshape(reference[i].sizes());
@@ -75,7 +92,7 @@ void expect_same_as_torch(const OptimizerOptions& options, const TorchFactory& m
 
 }  // namespace
 
-TEST_CASE("Adam on partitions equals torch::optim::Adam bitwise", "[optim]") {
+TEST_CASE("Adam on partitions and sub-groups equals torch::optim::Adam bitwise", "[optim]") {
   for (int world : {1, 2, 3, 4}) {
     for (double wd : {0.0, 0.01}) {
       for (bool amsgrad : {false, true}) {
@@ -83,10 +100,10 @@ TEST_CASE("Adam on partitions equals torch::optim::Adam bitwise", "[optim]") {
         o.kind = OptimizerKind::Adam;
         o.lr = 1e-2, o.weight_decay = wd, o.amsgrad = amsgrad;
         INFO("world " << world << " weight_decay " << wd << " amsgrad " << amsgrad);
-        expect_same_as_torch(o, [&](std::vector<torch::Tensor> ps) {
-          return std::make_unique<torch::optim::Adam>(
-              ps, torch::optim::AdamOptions(1e-2).weight_decay(wd).amsgrad(amsgrad));
-        }, world);
+        for (int64_t sub_group : {int64_t(1) << 30, int64_t(7)})
+          expect_same_as_torch(o, [&](std::vector<torch::Tensor> ps) {
+            return std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(1e-2).weight_decay(wd).amsgrad(amsgrad));
+          }, world, sub_group);
       }
     }
   }
@@ -101,7 +118,7 @@ TEST_CASE("AdamW on partitions equals torch::optim::AdamW bitwise", "[optim]") {
     expect_same_as_torch(o, [](std::vector<torch::Tensor> ps) {
       return std::make_unique<torch::optim::AdamW>(
           ps, torch::optim::AdamWOptions(3e-3).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1));
-    }, world);
+    }, world, 5);
   }
 }
 
@@ -119,7 +136,7 @@ TEST_CASE("SGD on partitions equals torch::optim::SGD bitwise", "[optim]") {
                                                          .dampening(v.dampening)
                                                          .weight_decay(v.wd)
                                                          .nesterov(v.nesterov));
-    }, 3);
+    }, 3, 4);
   }
 }
 
@@ -130,7 +147,7 @@ TEST_CASE("Adagrad on partitions equals torch::optim::Adagrad bitwise", "[optim]
   expect_same_as_torch(o, [](std::vector<torch::Tensor> ps) {
     return std::make_unique<torch::optim::Adagrad>(
         ps, torch::optim::AdagradOptions(0.1).lr_decay(0.01).weight_decay(1e-3).initial_accumulator_value(0.1).eps(1e-10));
-  }, 2);
+  }, 2, 9);
 }
 
 TEST_CASE("Lion follows its closed form and is partition-invariant", "[optim]") {
@@ -138,79 +155,84 @@ TEST_CASE("Lion follows its closed form and is partition-invariant", "[optim]") 
   // m' = (1 - b2) g. Computed here in double, compared within float rounding.
   OptimizerOptions o = tessera::optim::default_options(OptimizerKind::Lion);
   o.lr = 0.01, o.weight_decay = 0.1;
-  auto opt = make_flat_optimizer(o);
+  auto kernel = make_optimizer_kernel(o);
+  Workspace ws;
   auto p = torch::tensor({1.0f, -2.0f, 0.5f, 3.0f});
   auto g = torch::tensor({0.3f, -0.7f, 0.0f, -1e-3f});
+  auto states = kernel->initial_states(p);
   auto p0 = p.clone();
-  opt->step(p, g, opt->default_hyperparameters());
+  kernel->step(p, g, states, 1, kernel->default_hyperparameters(), ws);
   for (int i = 0; i < 4; ++i) {
     double gi = g[i].item<double>(), sign = gi > 0 ? 1 : (gi < 0 ? -1 : 0);
     double expected = p0[i].item<double>() * (1 - 0.01 * 0.1) - 0.01 * sign;
     CHECK(p[i].item<double>() == Approx(expected).epsilon(1e-6));
-    CHECK(opt->states()[0][i].item<double>() == Approx((1 - 0.99) * gi).epsilon(1e-6));
+    CHECK(states[0][i].item<double>() == Approx((1 - 0.99) * gi).epsilon(1e-6));
   }
-  // Partition invariance: one optimizer over the whole buffer vs three over slices.
+  // Partition invariance: one run over the whole buffer vs three over slices.
   o.weight_decay = 0.0;
-  auto whole = make_flat_optimizer(o);
+  kernel = make_optimizer_kernel(o);
   torch::manual_seed(7);
   auto a = torch::randn({101}), b = a.clone();
-  std::vector<std::unique_ptr<FlatOptimizer>> parts;
-  for (int r = 0; r < 3; ++r) parts.push_back(make_flat_optimizer(o));
+  auto whole = kernel->initial_states(a);
   const int64_t bounds[] = {0, 40, 41, 101};
-  for (int step = 0; step < 5; ++step) {
+  std::vector<std::vector<torch::Tensor>> parts;
+  for (int r = 0; r < 3; ++r) parts.push_back(kernel->initial_states(b.narrow(0, bounds[r], bounds[r + 1] - bounds[r])));
+  for (int step = 1; step <= 5; ++step) {
     auto grad = torch::randn({101});
-    whole->step(a, grad, whole->default_hyperparameters());
+    kernel->step(a, grad, whole, step, kernel->default_hyperparameters(), ws);
     for (int r = 0; r < 3; ++r)
-      parts[r]->step(b.narrow(0, bounds[r], bounds[r + 1] - bounds[r]),
-                     grad.narrow(0, bounds[r], bounds[r + 1] - bounds[r]), parts[r]->default_hyperparameters());
+      kernel->step(b.narrow(0, bounds[r], bounds[r + 1] - bounds[r]), grad.narrow(0, bounds[r], bounds[r + 1] - bounds[r]),
+                   parts[r], step, kernel->default_hyperparameters(), ws);
   }
   CHECK(torch::equal(a, b));
 }
 
-TEST_CASE("FlatOptimizer refuses mismatched inputs and bad options before changing anything", "[optim]") {
-  auto opt = make_flat_optimizer(tessera::optim::default_options(OptimizerKind::Adam));
+TEST_CASE("Kernels refuse mismatched inputs and bad options before changing anything", "[optim]") {
+  auto kernel = make_optimizer_kernel(tessera::optim::default_options(OptimizerKind::Adam));
+  Workspace ws;
   auto p = torch::ones({8}), g = torch::ones({8});
-  opt->step(p, g, opt->default_hyperparameters());
+  auto states = kernel->initial_states(p);
+  kernel->step(p, g, states, 1, kernel->default_hyperparameters(), ws);
   auto before = p.clone();
-  auto state_before = opt->states()[0].clone();
-  CHECK_THROWS_WITH(opt->step(torch::ones({9}), torch::ones({9}), opt->default_hyperparameters()),
-                    Catch::Contains("9 elements") && Catch::Contains("8 elements"));
-  CHECK_THROWS_WITH(opt->step(p, torch::ones({7}), opt->default_hyperparameters()),
-                    Catch::Contains("does not match"));
+  auto state_before = states[0].clone();
+  auto hp = kernel->default_hyperparameters();
+  CHECK_THROWS_WITH(kernel->step(torch::ones({9}), torch::ones({9}), states, 2, hp, ws),
+                    Catch::Contains("8 elements") && Catch::Contains("9 elements"));
+  CHECK_THROWS_WITH(kernel->step(p, torch::ones({7}), states, 2, hp, ws), Catch::Contains("does not match"));
+  CHECK_THROWS_WITH(kernel->step(p, g, {states[0]}, 2, hp, ws), Catch::Contains("expected 2 states"));
+  CHECK_THROWS_WITH(kernel->step(p, g, states, 0, hp, ws), Catch::Contains("update number 0"));
   CHECK(torch::equal(p, before));
-  CHECK(torch::equal(opt->states()[0], state_before));
-  CHECK(opt->steps_taken() == 1);
+  CHECK(torch::equal(states[0], state_before));
 
   OptimizerOptions bad;
   bad.kind = OptimizerKind::Adam;
   bad.beta2 = 1.0;
-  CHECK_THROWS_AS(make_flat_optimizer(bad), tessera::ConfigError);
-  CHECK_THROWS_WITH(make_flat_optimizer(bad), Catch::Contains("optimizer.params.betas[1]"));
+  CHECK_THROWS_AS(make_optimizer_kernel(bad), tessera::ConfigError);
+  CHECK_THROWS_WITH(make_optimizer_kernel(bad), Catch::Contains("optimizer.params.betas[1]"));
   bad = OptimizerOptions{};
   bad.kind = OptimizerKind::SGD;
   bad.nesterov = true;
-  CHECK_THROWS_WITH(make_flat_optimizer(bad), Catch::Contains("optimizer.params.dampening"));
+  CHECK_THROWS_WITH(make_optimizer_kernel(bad), Catch::Contains("optimizer.params.dampening"));
   CHECK_THROWS_WITH(tessera::optim::parse_optimizer_kind("Adamm"), Catch::Contains("expected one of"));
 }
 
-TEST_CASE("load_states restores a run bitwise", "[optim]") {
-  // 3 steps, save states; a fresh optimizer loaded with them continues exactly like the original.
-  auto o = tessera::optim::default_options(OptimizerKind::AdamW);
-  auto original = make_flat_optimizer(o);
+TEST_CASE("States copied out and back continue a run bitwise", "[optim]") {
+  // 3 steps, save the states; a fresh copy continues exactly like the original (what checkpoints
+  // and offload rely on: the kernel holds nothing).
+  auto kernel = make_optimizer_kernel(tessera::optim::default_options(OptimizerKind::AdamW));
+  Workspace ws;
   torch::manual_seed(3);
   auto p = torch::randn({50});
   std::vector<torch::Tensor> grads;
   for (int i = 0; i < 6; ++i) grads.push_back(torch::randn({50}));
-  for (int i = 0; i < 3; ++i) original->step(p, grads[i], original->default_hyperparameters());
-  auto resumed = make_flat_optimizer(o);
+  auto states = kernel->initial_states(p);
+  for (int i = 0; i < 3; ++i) kernel->step(p, grads[i], states, i + 1, kernel->default_hyperparameters(), ws);
   std::vector<torch::Tensor> saved;
-  for (auto& s : original->states()) saved.push_back(s.clone());
-  resumed->load_states(saved, original->steps_taken());
+  for (auto& s : states) saved.push_back(s.clone());
   auto q = p.clone();
   for (int i = 3; i < 6; ++i) {
-    original->step(p, grads[i], original->default_hyperparameters());
-    resumed->step(q, grads[i], resumed->default_hyperparameters());
+    kernel->step(p, grads[i], states, i + 1, kernel->default_hyperparameters(), ws);
+    kernel->step(q, grads[i], saved, i + 1, kernel->default_hyperparameters(), ws);
   }
   CHECK(torch::equal(p, q));
-  CHECK_THROWS_WITH(resumed->load_states({saved[0]}, 1), Catch::Contains("expected 2 states"));
 }

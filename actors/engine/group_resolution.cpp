@@ -1,4 +1,4 @@
-#include "actors/group_resolution.h"
+#include "actors/engine/group_resolution.h"
 
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>

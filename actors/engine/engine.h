@@ -46,8 +46,8 @@
 #include <utility>
 #include <vector>
 
-#include "actors/param_group.h"
-#include "actors/storage_maps.h"
+#include "actors/engine/param_group.h"
+#include "actors/engine/storage_maps.h"
 #include "core/config/config.h"
 #include "core/config/resolve_auto.h"
 #include "core/optim/optimizer_options.h"

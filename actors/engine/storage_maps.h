@@ -8,7 +8,7 @@
 //             flat group, a parameter may straddle partitions); stage 0: the whole group on every
 //             rank. For fp32 training the master IS the weights' partition: its buffer aliases "param".
 //   states    one kind per optimizer state ("exp_avg", "exp_avg_sq", "momentum_buffer", ...), laid
-//             out like "master". Undefined buffers before the first step (states are created then).
+//             out like "master". Allocated at initialize: zeros (Adagrad: its initial accumulator) before the first step.
 // Each flat group (parameter group; with autocast also split by the gradients' comm dtype) has
 // its own buffers, keyed "<kind>/<group>" ("param/0", "exp_avg/1"); a map names its buffer.
 // Padding is never part of a map. Example: stage 2, 2 ranks, parameters a (3, 5) and b (7,), f32:

@@ -32,6 +32,7 @@ struct EngineSettings {
   int64_t gradient_accumulation_steps = 1;
   double max_grad_norm = 0.0;                // 0 = no clipping
   int64_t reduce_bucket_elements = 500'000'000;
+  int64_t sub_group_elements = 1'000'000'000;  // zero_optimization.sub_group_size: the optimizer's step unit
   bool overlap_comm = false;                  // zero_optimization.overlap_comm
   std::optional<optim::OptimizerOptions> optimizer;  // the `optimizer` section, if any
   bool bf16_optimizer_states = false;         // bf16.bf16_optimizer_states (any optimizer)

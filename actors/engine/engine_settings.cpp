@@ -1,4 +1,4 @@
-#include "actors/engine_settings.h"
+#include "actors/engine/engine_settings.h"
 
 #include <cmath>
 
@@ -65,6 +65,7 @@ EngineSettings engine_settings(const config::Config& c) {
   s.gradient_accumulation_steps = std::max<int64_t>(1, c.gradient_accumulation_steps.value);
   s.max_grad_norm = c.gradient_clipping.value;
   s.reduce_bucket_elements = c.zero_optimization.reduce_bucket_size.value;
+  s.sub_group_elements = c.zero_optimization.sub_group_size;
   s.overlap_comm = c.zero_optimization.overlap_comm;
   s.collective_timeout_ms = c.tessera.transport.collective_timeout_ms;
 

@@ -1,4 +1,4 @@
-#include "actors/autocast.h"
+#include "actors/engine/autocast.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/nn/module.h>

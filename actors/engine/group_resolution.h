@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/param_group.h"
+#include "actors/engine/param_group.h"
 #include "core/optim/optimizer_options.h"
 
 namespace torch::optim {

@@ -1,0 +1,433 @@
+#include "actors/engine/engine.h"
+
+#include <caf/all.hpp>
+#include <torch/nn/module.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <optional>
+
+#include "actors/actor_runtime.h"
+#include "actors/ask.h"
+#include "actors/bucket_staging.h"
+#include "actors/client_optimizer.h"
+#include "actors/engine/autocast.h"
+#include "actors/engine/engine_settings.h"
+#include "actors/engine/group_resolution.h"
+#include "actors/engine/micro_steps.h"
+#include "actors/engine/storage_description.h"
+#include "actors/engine_spec.h"
+#include "actors/gradient_reducer.h"
+#include "actors/optimizer_shard.h"
+#include "actors/parameter_shard.h"
+#include "actors/protocol.h"
+#include "core/error.h"
+#include "core/optim/loss_scaler.h"
+#include "core/optim/lr_schedule.h"
+#include "core/zero/grad_ready_hooks.h"
+#include "transport/communicator.h"
+#include "transport/launch_env.h"
+#include "transport/store.h"
+
+namespace tessera {
+
+using actors::ResolvedGroup;
+
+struct Engine::Impl {
+  std::shared_ptr<torch::nn::Module> module;
+  config::Config config;
+  actors::EngineSettings settings;
+  std::shared_ptr<const actors::EngineSpec> spec;
+  std::vector<ResolvedGroup> groups;          // the user's parameter groups
+  std::vector<optim::LrSchedule> schedules;   // per parameter group
+  std::optional<optim::LossScaler> scaler;    // fp16
+  std::vector<std::string> names;             // trainable parameters' dotted names, model order
+  // Stages 0/1: each parameter's .grad must stay a view of the reducer's gradient buffer at this
+  // address (a handle check on the user's thread; the buffer is the reducer's).
+  std::vector<std::pair<at::Tensor, const void*>> grad_views;
+  actors::gradient_reducer_actor reducer;
+  actors::parameter_shard_actor parameter_shard;
+  actors::optimizer_shard_actor optimizer_shard;
+  std::shared_ptr<actors::BucketStaging> staging;  // partitioned gradients
+  std::unique_ptr<zero::GradReadyHooks> hooks;
+  std::unique_ptr<actors::MicroSteps> micro;
+  std::vector<double> last_lrs;  // of the last update
+  int64_t global = 0, skipped = 0;
+  double last_grad_norm = -1;
+  StepTiming timing;
+
+  std::chrono::milliseconds bound() const {  // for requests whose collectives have their own timeouts
+    return 3 * spec->timeout + std::chrono::seconds(10);
+  }
+  // DeepSpeed steps the scheduler only after updates that were not skipped.
+  int64_t last_batch_iteration() const { return global - skipped - 1 + settings.schedule_offset; }
+  // The hyperparameters of the next update, per parameter group.
+  std::vector<optim::StepHyperparameters> hyperparameters() const {
+    std::vector<optim::StepHyperparameters> out;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto& o = groups[g].options;
+      optim::StepHyperparameters hp{o.lr, o.beta1, o.beta2};
+      const auto v = schedules[g].at(last_batch_iteration());
+      hp.lr = v.lr;
+      if (v.beta1) hp.beta1 = *v.beta1;
+      if (v.beta2) hp.beta2 = *v.beta2;
+      out.push_back(hp);
+    }
+    return out;
+  }
+  bool gradients_attached() const {
+    for (const auto& [p, expected] : grad_views) {
+      const auto& g = p.grad();
+      if (!g.defined() || g.data_ptr() != expected || !g.is_contiguous()) return false;
+    }
+    return true;
+  }
+  bool distributed() const { return spec->world > 1; }
+  // A reduction starts: the reducer (and the staging) learn of it before any gradient arrives.
+  void start_reduction() {
+    micro->start_reduction();
+    if (!distributed()) return;
+    if (staging) staging->start();
+    caf::anon_send(reducer, actors::begin_atom::value);
+  }
+  // The end of a reducing backward: with partitioned gradients everything autograd did not report
+  // (unused here, or accumulated in no_sync) is staged too; then every bucket is issued.
+  void end_reduction() {
+    if (staging) staging->take_rest();
+    caf::anon_send(reducer, actors::flush_atom::value);
+  }
+  void done(const actors::Done& d) const {
+    if (d.error) std::rethrow_exception(d.error);
+  }
+  ~Impl() {
+    hooks.reset();  // disarm before the actors go
+    if (reducer) caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
+    if (parameter_shard) caf::anon_send_exit(parameter_shard, caf::exit_reason::user_shutdown);
+    if (optimizer_shard) caf::anon_send_exit(optimizer_shard, caf::exit_reason::user_shutdown);
+  }
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+namespace {
+
+// The two data-parallel communicators, one per issuing actor (gradients, parameters), each
+// connected and passed through a barrier before anyone goes on: a rank that leaves while a peer
+// is still in its connection handshake breaks that peer's connect.
+std::pair<std::shared_ptr<transport::Communicator>, std::shared_ptr<transport::Communicator>> data_parallel_comms(
+    const std::shared_ptr<transport::Communicator>& world, int rank, int size, const actors::EngineSettings& settings,
+    bool cuda, int device) {
+  if (size == 1) return {nullptr, nullptr};
+  std::shared_ptr<transport::Communicator> grad, param;
+  if (world) {
+    std::vector<int> all(size_t(world->size()));
+    for (int r = 0; r < world->size(); ++r) all[size_t(r)] = r;
+    grad = world->group(all, world->name() + ".grad");
+    param = world->group(all, world->name() + ".param");
+  } else {
+    transport::CommunicatorOptions co;
+    const auto name = actors::next_communicator_name("engine");
+    co.timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
+    co.name = name + ".grad";
+    grad = cuda ? transport::Communicator::nccl(actors::job_store(), rank, size, device, co)
+                : transport::Communicator::gloo(actors::job_store(), rank, size, co);
+    co.name = name + ".param";
+    param = cuda ? transport::Communicator::nccl(actors::job_store(), rank, size, device, co)
+                 : transport::Communicator::gloo(actors::job_store(), rank, size, co);
+  }
+  grad->barrier()->wait();
+  param->barrier()->wait();
+  return {grad, param};
+}
+
+}  // namespace
+
+Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::Config& config,
+                       const InitializeOptions& options) {
+  if (!model) throw Error("initialize: the model is null");
+  // 1. Everything that can be wrong is checked before the model changes.
+  auto world = options.world;
+  int rank = 0, size = 1;
+  if (world) {
+    rank = world->rank(), size = world->size();
+  } else {
+    const auto env = transport::LaunchEnv::from_env();
+    rank = env.rank, size = env.world_size;
+  }
+  auto facts = options.facts;
+  facts.world_size = size;
+  auto resolved = config::resolve_for_engine(config, facts);
+  auto settings = actors::engine_settings(resolved);
+  std::vector<std::pair<std::string, at::Tensor>> trainable;
+  for (auto& item : model->named_parameters())
+    if (item.value().requires_grad()) trainable.emplace_back(item.key(), item.value());
+  if (trainable.empty()) throw Error("initialize: the model has no parameter that requires grad");
+  const at::ScalarType dtype = settings.precision == actors::Precision::bf16   ? at::kBFloat16
+                               : settings.precision == actors::Precision::fp16 ? at::kHalf
+                                                                               : at::kFloat;
+  const auto device = trainable.front().second.device();
+  for (const auto& [name, p] : trainable) {
+    if (p.scalar_type() != at::kFloat && p.scalar_type() != dtype)
+      throw Error("initialize: parameter '" + name + "' is " + std::string(c10::toString(p.scalar_type())) +
+                  "; the engine takes fp32 (or " + c10::toString(dtype) + ") parameters and converts them");
+    if (p.device() != device || !(device.is_cpu() || device.is_cuda()))
+      throw Error("initialize: parameter '" + name + "' is on " + p.device().str() + " but '" + trainable.front().first +
+                  "' on " + device.str() + "; the engine takes the parameters of one CPU or CUDA device");
+  }
+  auto groups = actors::resolve_groups(trainable, options.param_groups, options.optimizer.get(), settings.optimizer);
+  std::vector<optim::LrSchedule> schedules;
+  std::vector<std::shared_ptr<optim::OptimizerKernel>> group_kernels;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].options.bf16_states = settings.bf16_optimizer_states;
+    if (groups[g].client_step)
+      group_kernels.push_back(std::make_shared<actors::ClientStepKernel>(options.optimizer, g, groups[g].options));
+    else
+      group_kernels.push_back(optim::make_optimizer_kernel(groups[g].options));  // validates (ConfigError naming the field)
+    schedules.emplace_back(actors::group_schedule(settings, groups[g].options));
+  }
+  std::vector<std::string> names;
+  for (const auto& item : trainable) names.push_back(item.first);
+  std::vector<bool> lower(trainable.size(), false);
+  if (settings.autocast) lower = actors::lower_precision_parameters(*model, names, settings.lower_precision_safe_modules);
+  std::optional<optim::LossScaler> scaler;
+  if (settings.precision == actors::Precision::fp16) scaler.emplace(settings.loss_scaler);
+  // The sharding plan: every layout, once.
+  std::vector<zero::PlannedParameter> planned(trainable.size());
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int64_t i : groups[g].params)
+      planned[size_t(i)] = {names[size_t(i)], trainable[size_t(i)].second.sizes().vec(), int64_t(g), bool(lower[size_t(i)])};
+  zero::ShardingPlanOptions plan_options;
+  plan_options.stage = settings.stage;
+  plan_options.world = size;
+  plan_options.bucket_elements = std::max<int64_t>(1, settings.reduce_bucket_elements);
+  plan_options.sub_group_elements = std::max<int64_t>(1, settings.sub_group_elements);
+  auto plan = std::make_shared<const zero::ShardingPlan>(planned, plan_options);
+
+  // 2. The data-parallel communicators.
+  auto [grad_comm, param_comm] =
+      data_parallel_comms(world, rank, size, settings, device.is_cuda(), device.is_cuda() ? device.index() : -1);
+
+  // 3. Flat buffers, actors, hooks.
+  auto spec = std::make_shared<actors::EngineSpec>();
+  spec->plan = plan;
+  spec->dtype = dtype;
+  spec->device = device;
+  spec->fp16 = settings.precision == actors::Precision::fp16;
+  spec->fp32_master = settings.fp32_master;
+  spec->fp32_grad_accumulation = settings.fp32_grad_accumulation;
+  spec->overlap_comm = settings.overlap_comm;
+  spec->rank = rank;
+  spec->world = size;
+  spec->timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
+  if (!groups.empty() && groups.front().client_step) actors::detach_client_parameters(*options.optimizer);
+  std::vector<std::unique_ptr<zero::FlatParameters>> flat;
+  std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels;
+  std::vector<at::Tensor> partitions, parameters;
+  for (const auto& [name, p] : trainable) parameters.push_back(p);
+  for (const auto& group : plan->groups()) {
+    std::vector<std::pair<std::string, at::Tensor>> members;
+    for (int64_t i : group.params) members.push_back(trainable[size_t(i)]);
+    flat.push_back(std::make_unique<zero::FlatParameters>(members, group.layout, dtype));
+    partitions.push_back(flat.back()->partition(plan->owned_partition(rank)));
+    kernels.push_back(group_kernels[size_t(group.param_group)]);
+  }
+  auto impl = std::make_unique<Engine::Impl>();
+  impl->module = model;
+  impl->config = resolved;
+  impl->settings = settings;
+  impl->spec = spec;
+  impl->groups = groups;
+  impl->schedules = std::move(schedules);
+  impl->scaler = scaler;
+  impl->names = names;
+  impl->micro = std::make_unique<actors::MicroSteps>(settings.gradient_accumulation_steps, plan->partitioned_gradients(),
+                                                     size > 1);
+  if (plan->partitioned_gradients()) impl->staging = std::make_shared<actors::BucketStaging>(spec, parameters);
+  impl->reducer = actors::spawn_gradient_reducer(spec, parameters, flat, impl->staging, grad_comm);
+  if (!plan->partitioned_gradients())
+    for (const auto& p : parameters) impl->grad_views.emplace_back(p, p.grad().data_ptr());
+  impl->parameter_shard = actors::spawn_parameter_shard(spec, std::move(flat), param_comm);
+  impl->optimizer_shard =
+      actors::spawn_optimizer_shard(spec, std::move(kernels), partitions, impl->reducer, impl->parameter_shard);
+  auto* raw = impl.get();
+  impl->hooks = std::make_unique<zero::GradReadyHooks>(
+      parameters,
+      [raw](int64_t i) {
+        bool reduces = false;
+        if (raw->micro->arm_from_hook(reduces) && reduces) raw->start_reduction();
+        if (!raw->micro->reducing()) return;
+        if (raw->staging) raw->staging->take(i);  // before the reducer hears of it (bucket_staging.h)
+        else caf::anon_send(raw->reducer, actors::ready_atom::value, i);
+      },
+      [raw] {
+        if (raw->micro->reducing()) {
+          raw->end_reduction();
+        } else if (raw->spec->fp32_grad_accumulation && !raw->staging) {
+          // A backward that reduces nothing: its low-precision gradients go into the fp32
+          // accumulators now (a reducing backward's are folded bucket by bucket by the reducer).
+          raw->done(actors::ask<actors::Done>(raw->reducer, raw->bound(), "gradient-reducer (fold)",
+                                              actors::fold_atom::value));
+        }
+        raw->micro->end_backward();
+      });
+  for (const auto& hp : impl->hyperparameters()) impl->last_lrs.push_back(hp.lr);
+  if (rank == 0)
+    for (const auto& warning : resolved.warnings) std::fprintf(stderr, "[tessera] config: %s\n", warning.c_str());
+  Initialized out;
+  out.engine = std::make_shared<Engine>(std::move(impl));
+  out.optimizer = std::make_shared<EngineOptimizer>(out.engine);
+  if (settings.has_scheduler) out.lr_scheduler = std::make_shared<EngineScheduler>(out.engine);
+  return out;
+}
+
+void Engine::backward(const at::Tensor& loss) {
+  if (!loss.defined() || loss.numel() != 1)
+    throw Error("backward: the loss must be a scalar tensor (got " +
+                (loss.defined() ? std::to_string(loss.numel()) + " elements" : std::string("undefined")) + ")");
+  if (!loss.requires_grad()) throw Error("backward: the loss does not require grad (was it computed under no_grad?)");
+  scale(loss).backward();
+  impl_->micro->end_backward();
+}
+
+at::Tensor Engine::scale(const at::Tensor& loss) {
+  auto& s = *impl_;
+  if (!s.gradients_attached())
+    throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
+  if (s.micro->arm_backward()) s.start_reduction();
+  const auto gas = s.settings.gradient_accumulation_steps;
+  at::Tensor scaled = gas > 1 ? loss / double(gas) : loss;
+  // DeepSpeed scales the fp32 loss: (loss / gas).float() * scale.
+  if (s.scaler) scaled = scaled.to(at::kFloat) * s.scaler->scale();
+  return scaled;
+}
+
+void Engine::step() {
+  auto& s = *impl_;
+  if (!s.micro->begin_step(s.scaler.has_value())) return;
+  actors::StepRequest request;
+  request.hyperparameters = s.hyperparameters();
+  request.max_grad_norm = s.settings.max_grad_norm;
+  request.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
+  auto report = actors::checked(actors::ask<actors::StepReport>(s.optimizer_shard, s.bound(), "step: the optimizer-shard",
+                                                                actors::step_atom::value, request));
+  s.last_grad_norm = report.grad_norm;
+  if (!report.overflow) {
+    s.last_lrs.clear();
+    for (const auto& hp : request.hyperparameters) s.last_lrs.push_back(hp.lr);
+  }
+  s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s};
+  if (report.overflow) ++s.skipped;
+  if (s.scaler) {
+    const auto update = s.scaler->update(report.overflow);
+    if (report.overflow && s.spec->rank == 0)
+      std::fprintf(stderr, "[tessera] step %lld: %s (skipped steps: %lld)\n", static_cast<long long>(s.global),
+                   update.describe().c_str(), static_cast<long long>(s.skipped));
+  }
+  ++s.global;
+  s.micro->updated();
+}
+
+void Engine::zero_grad() {
+  auto& s = *impl_;
+  // The reducer finishes what it issued first (reductions may still be writing the gradients).
+  s.done(actors::ask<actors::Done>(s.reducer, s.bound(), "zero_grad: the gradient-reducer", actors::zero_atom::value));
+  s.micro->zero_grad();
+}
+
+Engine::Scope Engine::no_sync() {
+  auto* s = impl_.get();
+  s->micro->enter_no_sync();
+  return Scope([s] { s->micro->exit_no_sync(); });
+}
+
+Engine::Scope Engine::coalesce_grad_reduction() {
+  auto* s = impl_.get();
+  s->micro->enter_coalesce();
+  return Scope([s] {
+    // One pass over the accumulated gradients: every bucket, in order, once.
+    if (s->micro->exit_coalesce()) {
+      s->start_reduction();
+      if (s->distributed()) s->end_reduction();
+      s->micro->end_backward();
+    }
+  });
+}
+
+bool Engine::is_gradient_accumulation_boundary() const { return impl_->micro->boundary(); }
+double Engine::get_lr(size_t group) const {
+  if (group >= impl_->groups.size())
+    throw Error("get_lr: param group " + std::to_string(group) + " of " + std::to_string(impl_->groups.size()));
+  return impl_->hyperparameters()[group].lr;
+}
+std::vector<double> Engine::get_lrs() const {
+  std::vector<double> out;
+  for (const auto& hp : impl_->hyperparameters()) out.push_back(hp.lr);
+  return out;
+}
+size_t Engine::num_param_groups() const { return impl_->groups.size(); }
+std::vector<std::string> Engine::param_group_names(size_t group) const {
+  std::vector<std::string> out;
+  for (int64_t i : impl_->groups.at(group).params) out.push_back(impl_->names[size_t(i)]);
+  return out;
+}
+optim::OptimizerOptions Engine::param_group_options(size_t group) const { return impl_->groups.at(group).options; }
+void Engine::set_lr(double lr, std::optional<size_t> group) {
+  auto& s = *impl_;
+  if (s.settings.has_scheduler)
+    throw Error("set_lr: the config's scheduler sets the learning rate; remove the `scheduler` section to set it by hand");
+  if (group && *group >= s.groups.size())
+    throw Error("set_lr: param group " + std::to_string(*group) + " of " + std::to_string(s.groups.size()));
+  if (!(lr >= 0)) throw Error("set_lr: lr = " + std::to_string(lr) + " must be >= 0");
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    if (group && *group != g) continue;
+    s.groups[g].options.lr = lr;
+    s.schedules[g] = optim::LrSchedule(actors::group_schedule(s.settings, s.groups[g].options));
+  }
+}
+bool Engine::has_scheduler() const { return impl_->settings.has_scheduler; }
+int64_t Engine::last_batch_iteration() const { return impl_->last_batch_iteration(); }
+std::vector<double> Engine::last_lrs() const { return impl_->last_lrs; }
+
+Engine::Scope Engine::autocast() {
+  auto guard = std::make_shared<actors::AutocastGuard>(impl_->settings.autocast, at::kBFloat16);
+  return Scope([guard]() mutable { guard.reset(); });
+}
+int64_t Engine::global_steps() const { return impl_->global; }
+int64_t Engine::micro_steps() const { return impl_->micro->micro(); }
+int64_t Engine::skipped_steps() const { return impl_->skipped; }
+double Engine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
+double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
+StepTiming Engine::last_step_timing() const { return impl_->timing; }
+
+EngineMemory Engine::memory() const {
+  auto& s = *impl_;
+  EngineMemory m;
+  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "memory: the parameter-shard",
+                                                                    actors::buffers_atom::value));
+  for (const auto& b : buffers.tensors) m.parameters += int64_t(b.numel() * b.element_size());
+  m.gradients = actors::ask<int64_t>(s.reducer, s.bound(), "memory: the gradient-reducer", actors::memory_atom::value);
+  const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
+                                                                           "memory: the optimizer-shard", actors::states_atom::value));
+  m.master = states.master_bytes;
+  m.optimizer_states = states.state_bytes;
+  return m;
+}
+
+EngineStorage Engine::storage_maps() const {
+  auto& s = *impl_;
+  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "storage_maps: the parameter-shard",
+                                                                    actors::buffers_atom::value));
+  const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
+                                                                           "storage_maps: the optimizer-shard", actors::states_atom::value));
+  return actors::describe_storage(*s.spec, buffers, states);
+}
+void Engine::train() { impl_->module->train(true); }
+void Engine::eval() { impl_->module->eval(); }
+std::shared_ptr<torch::nn::Module> Engine::module() const { return impl_->module; }
+const config::Config& Engine::config() const { return impl_->config; }
+int Engine::rank() const { return impl_->spec->rank; }
+int Engine::world_size() const { return impl_->spec->world; }
+
+}  // namespace tessera

@@ -1,0 +1,41 @@
+// EngineSpec: the immutable facts every actor of one training engine needs: the sharding plan,
+// dtypes, flags, this rank's place, the device and the timeout. Made once by initialize() and
+// shared by handle; it holds sizes, flags and the (immutable) plan only, never a tensor anybody
+// writes: every buffer has one owning actor (DESIGN.md §2, ownership rule).
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <chrono>
+#include <memory>
+
+#include "core/zero/sharding_plan.h"
+
+namespace tessera::actors {
+
+struct EngineSpec {
+  std::shared_ptr<const zero::ShardingPlan> plan;
+  at::ScalarType dtype = at::kFloat;  // of the parameters and their gradients (fp32, bf16, fp16)
+  c10::Device device = c10::Device(c10::kCPU);  // of the parameters: every buffer is allocated there
+  bool fp16 = false;                  // check overflow and skip such steps
+  bool fp32_master = false;           // fp32 master weights of the partition (bf16/fp16)
+  bool fp32_grad_accumulation = false;  // bf16/fp16 gradients accumulate and are reduced in fp32
+  bool overlap_comm = false;          // stages 0/1: reduce buckets as they fill during backward
+  int rank = 0;                       // in the data-parallel group
+  int world = 1;                      // data-parallel size
+  std::chrono::milliseconds timeout{300000};  // of every collective and every actor request
+
+  int64_t owned_partition() const { return plan->owned_partition(rank); }
+  bool partitioned_gradients() const { return plan->partitioned_gradients(); }
+  // The dtype gradients accumulate in across micro-steps.
+  at::ScalarType accumulation_dtype() const { return fp32_grad_accumulation ? at::kFloat : dtype; }
+  // The dtype flat group g's gradients are reduced in: bf16 for torch_autocast's lower-precision
+  // modules (unless accumulating in fp32), else the accumulation dtype.
+  at::ScalarType comm_dtype(int64_t g) const {
+    if (fp32_grad_accumulation) return at::kFloat;
+    return plan->groups().at(size_t(g)).lower_precision ? at::kBFloat16 : dtype;
+  }
+};
+
+}  // namespace tessera::actors
