@@ -78,27 +78,57 @@ void BucketStaging::assign_free_slots() {
       if (ready_[size_t(p)]) copy(p, k);
 }
 
-void BucketStaging::take(int64_t param) {
-  if (param < 0 || size_t(param) >= parameters_.size() || ready_[size_t(param)]) return;
-  ready_[size_t(param)] = 1;
-  assign_free_slots();
+void BucketStaging::copy_assigned(int64_t param) {
   const auto& own = spec_->plan->buckets().param_buckets[size_t(param)];
   for (size_t i = 0; i < own.size(); ++i)
     if (!done_[size_t(param)][i] && slot_of_[size_t(own[i])] >= 0) copy(param, size_t(own[i]));
 }
 
+bool BucketStaging::may_wait_for(int64_t param) const {
+  // Only when the parameter's next bucket is the next to get a slot and every bucket holding a
+  // slot is complete (sent): then those reductions are issued on every rank and their slots
+  // come back whatever autograd does next. Otherwise the parameter waits (deferred) instead.
+  const auto& own = spec_->plan->buckets().param_buckets[size_t(param)];
+  size_t first = own.size();
+  for (size_t i = 0; i < own.size(); ++i)
+    if (!done_[size_t(param)][i]) {
+      first = i;
+      break;
+    }
+  if (first == own.size() || size_t(own[first]) != assigned_) return false;
+  for (size_t k = 0; k < assigned_; ++k)
+    if (missing_[k] != 0) return false;
+  return true;
+}
+
+void BucketStaging::wait_for_slot() {
+  caf::anon_send(reducer_, reclaim_atom::value);  // finish the oldest reduction now
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!returned_.wait_for(lock, spec_->timeout, [&] { return !free_.empty(); }))
+    throw TimeoutError("gradient staging: no bucket buffer came back from the gradient-reducer within " +
+                       std::to_string(spec_->timeout.count()) + " ms (bucket " + std::to_string(assigned_) + " of " +
+                       std::to_string(slot_of_.size()) + " waits)");
+}
+
+void BucketStaging::take(int64_t param) {
+  if (param < 0 || size_t(param) >= parameters_.size() || ready_[size_t(param)]) return;
+  ready_[size_t(param)] = 1;
+  assign_free_slots();
+  copy_assigned(param);
+  // Bounded memory: a parameter next in line waits for a slot instead of keeping its .grad.
+  while (uncopied_[size_t(param)] > 0 && may_wait_for(param)) {
+    wait_for_slot();
+    assign_free_slots();
+    copy_assigned(param);
+  }
+}
+
 void BucketStaging::take_rest() {
   for (size_t p = 0; p < parameters_.size(); ++p) take(int64_t(p));
+  // Every parameter is final now, so every bucket holding a slot is complete and sent.
   while (assigned_ < slot_of_.size()) {
     assign_free_slots();
-    if (assigned_ == slot_of_.size()) break;
-    // Every bucket holding a slot is complete and sent: ask the reducer to finish the oldest.
-    caf::anon_send(reducer_, reclaim_atom::value);
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!returned_.wait_for(lock, spec_->timeout, [&] { return !free_.empty(); }))
-      throw TimeoutError("gradient staging: no bucket buffer came back from the gradient-reducer within " +
-                         std::to_string(spec_->timeout.count()) + " ms (bucket " + std::to_string(assigned_) +
-                         " of " + std::to_string(slot_of_.size()) + " waits)");
+    if (assigned_ < slot_of_.size()) wait_for_slot();
   }
 }
 

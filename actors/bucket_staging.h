@@ -3,8 +3,10 @@
 // it overlaps and its .grad is released, so no full-size gradient buffer ever exists, and the
 // staging itself is a fixed ring of `slots` buffers of the largest bucket, allocated once.
 //
-// Buckets get slots strictly in plan order, one slot each; a parameter whose bucket has no slot
-// yet keeps its .grad (deferred) until the slot comes. A bucket whose last parameter was copied
+// Buckets get slots strictly in plan order, one slot each. A parameter whose next bucket is next
+// in line while every slotted bucket is complete waits for a slot (those reductions finish on
+// every rank whatever autograd does next); any other parameter whose bucket has no slot yet keeps
+// its .grad (deferred) until the slot comes. A bucket whose last parameter was copied
 // is sent to the gradient-reducer (bucket message: the slot is lent), which reduces it to its
 // owner and gives the slot back once the reduction finished. At the end of backward take_rest()
 // stages everything left in plan order, asking the reducer to reclaim slots when none is free:
@@ -47,6 +49,9 @@ class BucketStaging {
  private:
   void assign_free_slots();
   void copy(int64_t param, size_t bucket);
+  void copy_assigned(int64_t param);
+  bool may_wait_for(int64_t param) const;
+  void wait_for_slot();
   at::Tensor bucket_view(size_t bucket) const;
 
   std::shared_ptr<const EngineSpec> spec_;

@@ -107,6 +107,7 @@ struct ReducerState {
       return;
     }
     if (accum[g].defined()) fold(g, bucket.begin, bucket.elements());  // final now: fold first
+    if (!comm) return;  // one rank: its gradients are their own average
     auto range = gradients(g).narrow(0, bucket.begin, bucket.elements());
     std::function<void()> finish;
     at::Tensor data = range;

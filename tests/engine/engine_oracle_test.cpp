@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "actors/engine/engine.h"
 #include "core/config/load.h"
@@ -49,6 +52,9 @@ weight_decay = 0.01
   int64_t bucket = 5000;  // reduce_bucket_size in elements: several buckets
   bool overlap = false;   // zero_optimization.overlap_comm
   uint64_t seed = 11;
+  // Seeded per-rank delays (0-2 ms) before every forward and every gradient-ready event: the
+  // ranks' events arrive in different orders and at different times.
+  bool jitter = false;
 
   std::string toml() const {
     return "train_micro_batch_size_per_gpu = " + std::to_string(global_batch / kWorld) +
@@ -60,14 +66,35 @@ weight_decay = 0.01
   }
 };
 
+// A delay of 0-2 ms that depends only on (rank, event, index): the same run replays it.
+void jitter_sleep(int64_t event, int64_t index) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint64_t v : {uint64_t(kRank), uint64_t(event), uint64_t(index)}) h = (h ^ v) * 1099511628211ull;
+  std::this_thread::sleep_for(std::chrono::microseconds((h >> 20) % 2500));
+}
+
 Result run_engine(const Setup& s) {
   tessera::nn::TinyGpt model(small_gpt());
   auto config = tessera::config::load_config_text(s.toml(), tessera::config::Format::toml, "engine_oracle_test");
   auto engine = tessera::initialize(model.module(), config).engine;
   REQUIRE(engine->world_size() == kWorld);
+  auto event = std::make_shared<std::atomic<int64_t>>(0);
+  if (s.jitter) {
+    // A tensor hook runs on autograd's thread before the gradient is accumulated, so it delays
+    // the engine's gradient-ready event of that parameter.
+    int64_t i = 0;
+    for (auto& p : model.module()->parameters()) {
+      p.register_hook([event, i](const torch::Tensor& g) {
+        jitter_sleep(event->load(), i);
+        return g;
+      });
+      ++i;
+    }
+  }
   Result r;
   for (int step = 0; step < s.steps; ++step) {
     for (int micro = 0; micro < s.accumulation; ++micro) {
+      if (s.jitter) jitter_sleep(++*event, -1);
       auto batch = corpus().batch(s.seed, step, micro, s.global_batch, 16, kRank, kWorld);
       auto loss = model.loss(batch.tokens, batch.targets);
       engine->backward(loss);
@@ -213,6 +240,27 @@ TEST_CASE("Stages 0, 1, 2 equal the single-process oracle and the full-batch run
       expect_match(engine, oracle);
       INFO("against the full-batch run (parameters)");
       expect_match(engine, full, false);
+    }
+  }
+}
+
+TEST_CASE("Seeded per-rank delays before every forward and gradient-ready event change no bit and hang nothing",
+          "[engine][timing]") {
+  // One issuer per communicator, in plan order: whatever order and timing autograd reports in on
+  // each rank, the same collectives run in the same order, and the results stay the oracle's.
+  Setup s;
+  s.steps = 6;
+  s.jitter = true;
+  s.overlap = true;
+  s.bucket = 3000;  // many buckets: many events to reorder
+  auto oracle = run_oracle(s, adamw(3e-3, 0.01));
+  for (int stage : {0, 1, 2}) {
+    for (int accumulation : {1, 2}) {
+      s.stage = stage;
+      s.accumulation = accumulation;
+      INFO("stage " << stage << " accumulation " << accumulation << " world " << kWorld);
+      auto expected = accumulation == 1 ? oracle : run_oracle(s, adamw(3e-3, 0.01));
+      expect_match(run_engine(s), expected);
     }
   }
 }
