@@ -10,6 +10,7 @@
 #include "transport/detail/arrival_recorder.h"
 #include "transport/detail/backend.h"
 #include "transport/detail/sequencer.h"
+#include "transport/liveness.h"
 #include "transport/store.h"
 
 namespace tessera::transport {
@@ -153,7 +154,9 @@ Communicator::Communicator(std::shared_ptr<Store> store, std::unique_ptr<Backend
       rank_(rank),
       size_(size),
       job_ranks_(std::move(job_ranks)),
-      options_(options) {}
+      options_(options) {
+  start_heartbeat();
+}
 
 Communicator::~Communicator() {
   // The sequencer finishes (or fails, bounded by the backend timeout) what was issued first.
@@ -212,6 +215,7 @@ std::shared_ptr<Work> Communicator::issue(const char* op, const OpOptions& optio
   sequencer_->issue(state, [info, backend, recorder, run = std::move(run), keep = std::move(keep),
                             op = std::string(op), t = state->timeout, producer](uint64_t sequence) {
     recorder->begin(sequence, t);
+    RunningOperation running(info->where() + ": " + op + " #" + std::to_string(sequence));
     struct End {
       ArrivalRecorder& r;
       ~End() { r.end(); }

@@ -1,4 +1,5 @@
 #include "transport/store.h"
+#include "transport/liveness.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -67,6 +68,7 @@ std::shared_ptr<Store> Store::file(const std::string& path, const StoreOptions& 
 }
 
 std::shared_ptr<Store> Store::from_env(const StoreOptions& defaults) {
+  start_heartbeat();  // a launched rank beats from the moment it joins its job
   StoreOptions options = defaults;
   options.job = env_or("TESSERA_JOB", defaults.job);
   TcpStoreOptions tcp;

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <csignal>
 #include <random>
 #include <thread>
 
@@ -317,4 +318,29 @@ TEST_CASE("a peer that goes away is reported, not waited for forever", "[.peerlo
     std::fflush(stdout);
     std::_Exit(std::string(e.what()).find("rank 1") != std::string::npos ? 43 : 1);
   }
+}
+
+// Run alone (ctest transport.liveness.stopped): rank 1 freezes itself with SIGSTOP after the first
+// all-reduce, as a hung or stopped process would. Rank 0 waits in the second with the default
+// 300 s timeout; the launcher must end the job within seconds, naming rank 1 and the all-reduce
+// rank 0 waits in (from rank 0's heartbeats).
+TEST_CASE("a stopped rank is named by the launcher in seconds", "[.stopped]") {
+  auto& w = MpWorld::get();
+  auto t = torch::ones({16});
+  w.world->all_reduce(t)->wait();
+  if (w.rank == 1) ::raise(SIGSTOP);
+  w.world->all_reduce(t)->wait();
+  FAIL("the all-reduce completed without rank 1");
+}
+
+// Run alone (ctest transport.liveness.slow): rank 1 is busy for 12 s (longer than the launcher's
+// heartbeat timeout) before the all-reduce; it keeps beating, so the job is not ended and the
+// collective completes within its own (60 s) timeout.
+TEST_CASE("a slow but live rank keeps its collective's full timeout", "[.slow]") {
+  auto& w = MpWorld::get();
+  auto t = torch::ones({16});
+  w.world->all_reduce(t)->wait();
+  if (w.rank == 1) std::this_thread::sleep_for(std::chrono::seconds(12));
+  w.world->all_reduce(t)->wait();
+  CHECK(t[0].item<float>() == float(w.size * w.size));
 }
