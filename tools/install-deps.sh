@@ -12,6 +12,7 @@ packages=(
   catch2                                          # Catch2 2.x tests
   libcli11-dev libspdlog-dev libfmt-dev           # command line, logging
   libxxhash-dev                                   # checksums
+  libssl-dev                                      # HMAC-SHA256 of the store's handshake
   libbenchmark-dev                                # bench harness
 )
 

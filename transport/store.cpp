@@ -3,12 +3,13 @@
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
 
 #include "core/error.h"
 #include "transport/detail/c10d_store.h"
+#include "transport/rendezvous/store_client.h"
+#include "transport/rendezvous/store_server.h"
 
 namespace tessera::transport {
 namespace {
@@ -30,25 +31,22 @@ Store::Store(std::shared_ptr<Impl> impl, std::string job, std::string prefix, st
 std::shared_ptr<Store> Store::tcp(const TcpStoreOptions& tcp, const StoreOptions& options) {
   if (tcp.port <= 0 || tcp.port > 65535)
     throw TransportError("store: port " + std::to_string(tcp.port) + " is not a TCP port (job '" + options.job + "')");
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(tcp.port);
-  o.isServer = tcp.is_server;
-  o.numWorkers = c10::nullopt;
-  o.waitWorkers = false;
-  o.timeout = tcp.connect_timeout;
   auto impl = std::make_shared<Impl>();
   impl->where = "tcp store " + tcp.host + ":" + std::to_string(tcp.port);
   try {
-    impl->store = c10::make_intrusive<c10d::TCPStore>(tcp.host, o);
+    // The server binds the address it is given and nothing else; everybody, the server's own
+    // process included, then connects as a client and proves it holds the secret.
+    if (tcp.is_server) impl->server = std::make_shared<rendezvous::StoreServer>(tcp.host, tcp.port, tcp.secret);
+    impl->store = c10::make_intrusive<rendezvous::StoreClient>(tcp.host, tcp.port, tcp.secret, tcp.connect_timeout,
+                                                               options.timeout);
   } catch (const std::exception& e) {
     std::string what = e.what();
-    std::string msg = impl->where + (tcp.is_server ? ": cannot start the server" : ": cannot connect") +
+    std::string msg = impl->where + (tcp.is_server && !impl->server ? ": cannot start the server" : ": cannot connect") +
                       " (job '" + options.job + "', within " + std::to_string(tcp.connect_timeout.count()) +
                       " ms): " + what.substr(0, what.find('\n'));
     if (looks_like_timeout(what)) throw TimeoutError(msg);
     throw TransportError(msg);
   }
-  impl->store->setTimeout(options.timeout);
   return std::make_shared<Store>(impl, options.job, options.job + "/", options.timeout);
 }
 
@@ -79,6 +77,7 @@ std::shared_ptr<Store> Store::from_env(const StoreOptions& defaults) {
   } catch (const std::exception&) {
     throw TransportError("store: MASTER_PORT='" + port + "' is not a port number");
   }
+  tcp.secret = env_or("TESSERA_STORE_SECRET", "");
   std::string server = env_or("TESSERA_STORE_SERVER", "");
   tcp.is_server = server.empty() ? env_or("RANK", "0") == "0" : server == "1";
   return Store::tcp(tcp, options);

@@ -2,10 +2,14 @@
 //
 // It carries the small things that must be exchanged before anything else can talk: Gloo pair
 // addresses, UCX worker addresses and remote keys, NCCL unique ids, plan digests. Values are byte
-// strings; `get` blocks until the key exists. Two backends, both c10d's (LibTorch ships them):
-//   - TCP: one process (usually rank 0 of the first job) runs the server; everyone else connects to
-//     host:port. Several jobs may share one server.
-//   - File: a file on a shared file system; single node (tests, one-machine runs).
+// strings; `get` blocks until the key exists. Two backends:
+//   - TCP (tessera's own, rendezvous/store_server.h): one process (usually rank 0 of the first
+//     job) runs the server, bound to the address it is given and nowhere else (127.0.0.1 on one
+//     node); everyone connects to host:port and must prove it holds the job's secret
+//     (TESSERA_STORE_SECRET, which tessera-launch sets; never on a command line). Several jobs may
+//     share one server when they are given the same secret. Gloo and UCX peers find each other
+//     only through it.
+//   - File: c10d's, a file on a shared file system; single node (tests, one-machine runs).
 //
 // Namespaces: every key a Store handle sees is prefixed with "<job>/" (and with the sub-scopes of
 // `scoped()`), so jobs and communicators never collide. `shared(name)` gives a handle on the
@@ -43,6 +47,9 @@ struct TcpStoreOptions {
   bool is_server = false;
   // How long a client keeps trying to reach the server.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  // What clients must prove they hold (HMAC-SHA256 of the server's nonce). Empty: an empty key,
+  // i.e. anyone who can reach the address (only sensible on a single-user machine).
+  std::string secret;
 };
 
 class Store {
@@ -52,7 +59,8 @@ class Store {
   // A store in one file; every process of the node opens the same path. The file is deleted when
   // the last handle of every process that opened it is gone (c10d's rule).
   static std::shared_ptr<Store> file(const std::string& path, const StoreOptions& options = {});
-  // A TCP store from the launcher's environment: MASTER_ADDR, MASTER_PORT, TESSERA_JOB; rank 0
+  // A TCP store from the launcher's environment: MASTER_ADDR, MASTER_PORT, TESSERA_JOB,
+  // TESSERA_STORE_SECRET; rank 0
   // (RANK) hosts the server unless TESSERA_STORE_SERVER=0 (a second job joining a first one's
   // server) or another rank hosts it with TESSERA_STORE_SERVER=1.
   static std::shared_ptr<Store> from_env(const StoreOptions& defaults = {});

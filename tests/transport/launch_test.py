@@ -42,6 +42,29 @@ class Env(unittest.TestCase):
         lines = sorted(l for l in r.stdout.splitlines() if "ENV" in l)
         self.assertEqual(lines, [f"[rank{i}]: ENV {i} {i} 3 3 127.0.0.1 29777 jobA" for i in range(3)])
 
+    def test_store_secret_in_the_environment_only(self):
+        # Every rank of a job gets the same fresh secret, in its environment and nowhere on a
+        # command line; a caller's own secret (two jobs that must meet) is passed through.
+        show = "echo SECRET=$TESSERA_STORE_SECRET; echo CMDLINE=$(tr '\\0' ' ' < /proc/$PPID/cmdline)"
+        env = {"TESSERA_STORE_SECRET": ""}
+        r = launch(["--nproc-per-node", "2", "--master-port", "29778", "--", "sh", "-c", show], env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        secrets = {l.split("SECRET=")[1] for l in r.stdout.splitlines() if "]: SECRET=" in l}
+        self.assertEqual(len(secrets), 1, r.stdout)
+        secret = secrets.pop()
+        self.assertEqual(len(secret), 64)
+        cmdlines = [l for l in r.stdout.splitlines() if "]: CMDLINE=" in l]
+        self.assertEqual(len(cmdlines), 2, r.stdout)
+        for line in cmdlines:
+            self.assertNotIn(secret, line)
+        r2 = launch(["--nproc-per-node", "1", "--master-port", "29779", "--", "sh", "-c", show], env=env)
+        self.assertNotIn(secret, r2.stdout)  # a fresh secret per job
+        r3 = launch(["--nproc-per-node", "1", "--master-port", "29780", "--", "sh", "-c",
+                     "echo GIVEN $TESSERA_STORE_SECRET"], env={"TESSERA_STORE_SECRET": "shared-by-both-jobs"})
+        self.assertIn("GIVEN shared-by-both-jobs", r3.stdout)
+        dry = launch(["--nproc-per-node", "2", "--dry-run", "prog"], env={"TESSERA_STORE_SECRET": "s3cr3t"})
+        self.assertNotIn("s3cr3t", dry.stdout + dry.stderr)
+
     def test_multi_node_ranks(self):
         # Node 1 of 2 with 2 ranks per node holds global ranks 2 and 3.
         r = launch(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "10.1.2.3",

@@ -6,6 +6,11 @@
 #include <cstdio>
 #include <string>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "core/error.h"
 #include "transport/store.h"
@@ -100,4 +105,80 @@ TEST_CASE("tcp store: no server within the connect timeout is an error, not a ha
   CHECK_THROWS_AS(Store::tcp(client, {"lonely", 1000ms}), tessera::TransportError);
   CHECK(std::chrono::steady_clock::now() - t0 < 20s);
   CHECK_THROWS_AS(Store::tcp(TcpStoreOptions{"127.0.0.1", 70000}, {}), tessera::TransportError);
+}
+
+namespace {
+
+// A non-loopback IPv4 address of this machine, or "" when it has none.
+std::string other_local_address() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string out;
+  for (ifaddrs* i = list; i && out.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_LOOPBACK)) continue;
+    char host[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, host, sizeof host);
+    out = host;
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("tcp store: only peers holding the secret get in; the refused change nothing", "[store][rendezvous]") {
+  TcpStoreOptions server;
+  server.port = 29633;
+  server.is_server = true;
+  server.secret = "the job's secret";
+  auto owner = Store::tcp(server, {"train", 5000ms});
+  owner->set("weights/version", std::string("7"));
+  TcpStoreOptions intruder = server;
+  intruder.is_server = false;
+  intruder.connect_timeout = 2000ms;
+  for (const std::string wrong : {"", "the job's secreT", "another job's secret"}) {
+    intruder.secret = wrong;
+    INFO("secret '" << wrong << "'");
+    CHECK_THROWS_WITH(Store::tcp(intruder, {"train", 1000ms}), Catch::Contains("refused this process") &&
+                                                                     Catch::Contains("TESSERA_STORE_SECRET"));
+  }
+  // A peer that speaks garbage instead of the handshake is cut off too.
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(29633);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const std::string junk(64, 'x');
+    (void)::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    char buffer[128];
+    ssize_t n = 0, total = 0;
+    while ((n = ::recv(fd, buffer, sizeof buffer, 0)) > 0) total += n;
+    CHECK(total == 7 + 32 + 1);  // greeting, nonce, the refusal byte: then closed
+    ::close(fd);
+  }
+  // Nothing changed, and the rightful peers still meet.
+  TcpStoreOptions member = intruder;
+  member.secret = server.secret;
+  auto peer = Store::tcp(member, {"train", 5000ms});
+  CHECK(peer->get_string("weights/version") == "7");
+  CHECK(peer->add("counter", 2) == 2);
+}
+
+TEST_CASE("tcp store: the server listens on the address it is given and nowhere else", "[store][rendezvous]") {
+  TcpStoreOptions server;
+  server.port = 29634;
+  server.is_server = true;
+  auto owner = Store::tcp(server, {"train", 5000ms});
+  const std::string other = other_local_address();
+  if (other.empty()) {
+    WARN("this machine has no non-loopback IPv4 address: only the loopback half runs");
+    return;
+  }
+  TcpStoreOptions outside;
+  outside.host = other;
+  outside.port = 29634;
+  outside.connect_timeout = 500ms;
+  CHECK_THROWS_WITH(Store::tcp(outside, {"train", 1000ms}), Catch::Contains("cannot connect"));
 }

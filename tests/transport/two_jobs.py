@@ -11,8 +11,13 @@ launch, port, name_a, n_a, role_a, name_b, n_b, role_b = sys.argv[1:9]
 program = sys.argv[10:] if sys.argv[9] == "--" else sys.argv[9:]
 
 
+# Jobs that must meet are given the same store secret by whoever starts them.
+SECRET = os.urandom(16).hex()
+
+
 def start(name, n, role, peer, server):
-    env = dict(os.environ, TESSERA_PEER_JOB=peer, TESSERA_UCX_ROLE=role, TESSERA_STORE_SERVER=server)
+    env = dict(os.environ, TESSERA_PEER_JOB=peer, TESSERA_UCX_ROLE=role, TESSERA_STORE_SERVER=server,
+               TESSERA_STORE_SECRET=SECRET)
     # The second job's rank 0 must not start a server of its own.
     return subprocess.Popen([sys.executable, launch, "--nproc-per-node", n, "--master-port", port, "--job", name,
                              "--grace-period", "2", "--"] + program, env=env)

@@ -10,7 +10,12 @@
 
 namespace tessera::transport {
 
+namespace rendezvous {
+class StoreServer;
+}
+
 struct Store::Impl {
+  std::shared_ptr<rendezvous::StoreServer> server;  // when this process hosts the TCP store
   c10::intrusive_ptr<c10d::Store> store;
   std::string where;
 };
