@@ -226,7 +226,7 @@ struct ReducerState {
       if (spec->fp16) finite = finite && std::isfinite(g.sum().item<double>());
     }
     if (spec->fp16) {
-      auto flag = at::full({1}, finite ? 0.0f : 1.0f, at::kFloat);
+      auto flag = at::full({1}, finite ? 0.0f : 1.0f, at::TensorOptions().dtype(at::kFloat).device(spec->device));
       if (comm) {
         transport::ReduceOptions max;
         max.op = transport::ReduceOp::max;
