@@ -6,21 +6,24 @@
 //                   engine->backward(loss);               // (loss / accumulation steps).backward()
 //                   engine->step(); }                     // updates at accumulation boundaries
 //
-// What happens: initialize() moves each parameter group's trainable parameters into one flat
-// buffer (each parameter becomes a view, so the module's weights are always the engine's) and
-// their gradients into a second one; pinned AccumulateGrad hooks report each gradient as final, and the
-// gradient-reducer actor reduces buckets of the flat gradients while backward goes on (all-reduce
-// at stages 0/1, reduce-scatter at stage 2). step() asks the optimizer-shard actor to wait for the
-// reductions, clip, update this rank's partition and have the parameter-shard all-gather it.
+// What happens: initialize() computes one sharding plan (core/zero/sharding_plan.h) and moves each
+// parameter group's trainable parameters into one flat buffer (each parameter becomes a view, so
+// the module's weights are always the engine's), owned by the parameter-shard actor; pinned
+// AccumulateGrad hooks report each gradient as final, and the gradient-reducer actor, which owns
+// the gradients, reduces buckets while backward goes on (all-reduce at stages 0/1, reduce to the
+// partition's owner at stage 2). step() asks the optimizer-shard actor (masters and optimizer
+// states) for one update: the reducer finishes and clips, the optimizer steps this rank's
+// partition, the parameter-shard all-gathers it. Each communicator (gradients, parameters) has
+// one issuing actor, in the plan's order (actors/protocol.h).
 //
 // Stages 0/1: gradients accumulate locally in the flat buffer over the micro-steps of one batch
 // and are reduced once, in the backward of the boundary micro-step. Stage 2 (across ranks) keeps
-// no full gradient buffer: every backward's gradients are copied into reduce-scatter buckets as
-// they become ready, released, and added into this rank's gradient partition (DeepSpeed's
-// order: average per micro-step, then sum); backward does not wait for them. A plain loss.backward() outside the engine (a joint loss over several engines) is
-// recognised by the hooks and reduced the same way. In fp32 at 2 ranks the result equals a
-// single-process LibTorch run that averages the ranks' gradients in the same order, bit for bit
-// (tests/engine checks it).
+// no full gradient buffer: every backward's gradients are copied into a fixed ring of staging
+// buckets as they become ready, released, and reduced into this rank's gradient partition
+// (DeepSpeed's order: average per micro-step, then sum); backward does not wait for them. A plain
+// loss.backward() outside the engine (a joint loss over several engines) is recognised by the
+// hooks and reduced the same way. In fp32 at 2 ranks the result equals a single-process LibTorch
+// run that averages the ranks' gradients in the same order, bit for bit (tests/engine checks it).
 //
 // Precision: fp32; bf16 with fp32 master weights (or bf16 master with bf16.bf16_master_weights_
 // and_grads, bf16 optimizer states with bf16_optimizer_states); fp16 with fp32 master and dynamic
