@@ -262,7 +262,8 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
   // slots come back) even when no message arrives.
   auto arm_poll = [self] {
     auto& s = self->state;
-    if (s.polling || s.issued.empty()) return;
+    // Only staging slots need to come back promptly (stages 0/1 finish at `finish`).
+    if (s.polling || s.issued.empty() || !s.staging) return;
     s.polling = true;
     self->delayed_send(self, std::chrono::milliseconds(1), poll_atom::value);
   };

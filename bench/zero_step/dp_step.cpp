@@ -25,7 +25,9 @@
 #include "actors/actor_runtime.h"
 #include "actors/engine/engine.h"
 #include "core/config/load.h"
+#include "core/data/byte_corpus.h"
 #include "core/nn/mlp.h"
+#include "core/nn/tiny_gpt.h"
 #include "core/zero/grad_ready_hooks.h"
 #include "transport/detail/c10d_store.h"
 #include "transport/launch_env.h"
@@ -44,6 +46,20 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
 }
 
+// The model under test: the MLP, or TinyGpt on the byte corpus (--model gpt).
+struct Model {
+  std::shared_ptr<tessera::nn::Mlp> mlp;
+  std::shared_ptr<tessera::nn::TinyGpt> gpt;
+  const tessera::data::ByteCorpus* corpus = nullptr;
+  int batch = 0, world = 1;
+  std::shared_ptr<torch::nn::Module> module() const { return mlp ? mlp->module() : gpt->module(); }
+  at::Tensor loss(int64_t k, int rank) const {
+    if (mlp) return mlp->loss(batch, 11, k, rank);
+    auto b = corpus->batch(1, k, 0, batch * world, gpt->config().context, rank, world);
+    return gpt->loss(b.tokens, b.targets);
+  }
+};
+
 // One way of training: step(k) runs optimizer step k (forward, backward, update).
 struct Runner {
   std::string name;
@@ -53,8 +69,7 @@ struct Runner {
 
 // The plain LibTorch loop.
 struct PlainLoop {
-  PlainLoop(const tessera::nn::MlpConfig& config, int rank, int world, int batch, double lr)
-      : model(config), rank(rank), world(world), batch(batch) {
+  PlainLoop(Model m, int rank, int world, double lr) : model(std::move(m)), rank(rank), world(world) {
     auto store = tessera::actors::job_store();
     auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
@@ -73,14 +88,14 @@ struct PlainLoop {
   }
   void step(int64_t k) {
     works.clear();
-    model.loss(batch, 11, k, rank).backward();
+    model.loss(k, rank).backward();
     for (auto& w : works) w->wait();
     for (auto& p : params) p.mutable_grad().div_(world);
     optimizer->step();
     for (auto& p : params) p.mutable_grad().zero_();
   }
-  tessera::nn::Mlp model;
-  int rank, world, batch;
+  Model model;
+  int rank, world;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
   std::vector<at::Tensor> params;
   std::unique_ptr<torch::optim::AdamW> optimizer;
@@ -101,27 +116,43 @@ int main(int argc, char** argv) {
   app.add_option("--width", model.width, "MLP width");
   app.add_option("--layers", model.layers, "MLP hidden layers");
   app.add_option("--bucket", bucket, "tessera's reduce_bucket_size (elements)");
+  std::string model_kind = "mlp";
+  app.add_option("--model", model_kind, "mlp (256-width x layers-16) or gpt (train_lm's TinyGpt, batch sequences of 64)")
+      ->check(CLI::IsMember({"mlp", "gpt"}));
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world_size)));
   const double lr = 1e-4;
+  tessera::data::ByteCorpus corpus(tessera::data::ByteCorpus::default_paths());
+  tessera::nn::GptConfig gpt;
+  gpt.d_model = 128, gpt.n_layer = 4, gpt.n_head = 4, gpt.context = 64;
+  auto make_model = [&] {
+    Model m;
+    m.batch = batch, m.world = env.world_size, m.corpus = &corpus;
+    if (model_kind == "mlp") m.mlp = std::make_shared<tessera::nn::Mlp>(model);
+    else m.gpt = std::make_shared<tessera::nn::TinyGpt>(gpt);
+    return m;
+  };
+  int64_t parameters = 0;
+  {
+    auto probe = make_model();
+    for (const auto& p : probe.module()->parameters()) parameters += p.numel();
+  }
 
   std::vector<Runner> runners;
-  PlainLoop plain(model, env.rank, env.world_size, batch, lr);
+  PlainLoop plain(make_model(), env.rank, env.world_size, lr);
   runners.push_back({"plain_libtorch", [&](int64_t k) { plain.step(k); }, {}, {}});
   std::vector<std::shared_ptr<tessera::Engine>> engines;
-  std::vector<std::shared_ptr<tessera::nn::Mlp>> models;
   for (int stage : {0, 1, 2}) {
-    auto mlp = std::make_shared<tessera::nn::Mlp>(model);
+    auto m = make_model();
     const std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(batch) +
                              "\n[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = " + std::to_string(lr) +
                              "\nweight_decay = 0.01\n[zero_optimization]\nstage = " + std::to_string(stage) +
                              "\noverlap_comm = true\nreduce_bucket_size = " + std::to_string(bucket) + "\n";
-    auto engine = tessera::initialize(mlp->module(), tessera::config::load_config_text(toml, tessera::config::Format::toml, "dp_step")).engine;
+    auto engine = tessera::initialize(m.module(), tessera::config::load_config_text(toml, tessera::config::Format::toml, "dp_step")).engine;
     engines.push_back(engine);
-    models.push_back(mlp);
-    runners.push_back({"stage" + std::to_string(stage), [engine, mlp, batch, rank = env.rank](int64_t k) {
-                         engine->backward(mlp->loss(batch, 11, k, rank));
+    runners.push_back({"stage" + std::to_string(stage), [engine, m, rank = env.rank](int64_t k) {
+                         engine->backward(m.loss(k, rank));
                          engine->step();
                        }, {}, {}});
   }
@@ -150,12 +181,12 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < runners.size(); ++i) {
     const size_t baseline = i == 1 ? 0 : (i == 0 ? 0 : 1);  // stage 0 against the plain loop; 1, 2 against stage 0
     const auto [wall_ratio, cpu_ratio] = ratios(i, baseline);
-    std::printf("{\"bench\":\"dp_step\",\"config\":\"%s\",\"baseline\":\"%s\",\"world\":%d,\"parameters\":%lld,"
+    std::printf("{\"bench\":\"dp_step\",\"model\":\"%s\",\"config\":\"%s\",\"baseline\":\"%s\",\"world\":%d,\"parameters\":%lld,"
                 "\"batch\":%d,\"rounds\":%d,\"steps_per_round\":%d,\"bucket_elements\":%lld,"
                 "\"median_wall_ms\":%.2f,\"min_wall_ms\":%.2f,\"median_cpu_ms\":%.2f,"
                 "\"median_wall_ratio\":%.3f,\"median_cpu_ratio\":%.3f}\n",
-                runners[i].name.c_str(), runners[baseline].name.c_str(), env.world_size,
-                static_cast<long long>(tessera::nn::mlp_parameter_count(model)), batch, rounds, steps,
+                model_kind.c_str(), runners[i].name.c_str(), runners[baseline].name.c_str(), env.world_size,
+                static_cast<long long>(parameters), batch, rounds, steps,
                 static_cast<long long>(bucket), median(runners[i].wall_ms),
                 *std::min_element(runners[i].wall_ms.begin(), runners[i].wall_ms.end()), median(runners[i].cpu_ms),
                 wall_ratio, cpu_ratio);

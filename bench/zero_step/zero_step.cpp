@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps per configuration");
   app.add_option("--micro-batch", micro, "sequences per rank");
   app.add_option("--d-model", model_config.d_model, "model width");
+  std::vector<int> stages{0, 1, 2};
+  app.add_option("--stages", stages, "stages to measure (stage 0 is the baseline and always runs)");
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
   const int rank = env.rank, world = env.world_size;
@@ -83,7 +85,8 @@ int main(int argc, char** argv) {
     for (const auto& p : probe.module()->parameters()) parameters += p.numel();
   }
   double stage0_step = 0;
-  for (int stage : {0, 1, 2}) {
+  if (std::find(stages.begin(), stages.end(), 0) == stages.end()) stages.insert(stages.begin(), 0);
+  for (int stage : stages) {
     const Measure off = measure(stage, false), on = measure(stage, true);
     if (stage == 0) stage0_step = on.step_s;
     if (rank != 0) continue;

@@ -1,12 +1,14 @@
-// The Gloo backend of Communicator (CPU). c10d's ProcessGroupGloo runs what it offers in LibTorch
-// 1.13 (all-reduce, broadcast, list all-gather, all-to-all, send/recv, barrier); the gloo library
-// itself runs what c10d lacks there (reduce-scatter: gloo::ReduceScatterHalvingDoubling; uneven
-// all-gather: gloo::allgatherv), over a second full mesh on the same device and store. bf16/fp16
+// The Gloo backend of Communicator (CPU). c10d's ProcessGroupGloo runs broadcast, list all-gather,
+// all-to-all, send/recv and barrier; the gloo library itself runs the collectives of the training
+// hot path on this (the sequencer's) thread (all-reduce, reduce, in-place all-gather) and what c10d
+// lacks in LibTorch 1.13 (reduce-scatter: gloo::ReduceScatterHalvingDoubling; uneven all-gather:
+// gloo::allgatherv), over a second full mesh on the same device and store. bf16/fp16
 // reductions run in fp32; byte-moving operations run on a uint8 view (Gloo has no bf16).
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
 #include <gloo/reduce.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
@@ -42,15 +44,21 @@ class GlooBackend : public Backend {
 
   const std::string& name() const override { return name_; }
 
+  // gloo's allreduce (the ring c10d's process group runs too) called on this thread: no hand-off
+  // to c10d's worker threads and back, which costs two thread switches per bucket.
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     if (tensor.numel() == 0) return;
-    at::Tensor work = is_half(tensor) ? upcast(tensor) : tensor;
-    c10d::AllreduceOptions o;
-    o.reduceOp = op == ReduceOp::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-    std::vector<at::Tensor> v{work};
-    pg_->allreduce(v, o)->wait();
-    if (op == ReduceOp::avg) work.div_(size_);
-    if (!work.is_same(tensor)) tensor.copy_(work);
+    switch (tensor.scalar_type()) {
+      case at::kFloat:
+      case at::kBFloat16:
+      case at::kHalf: return all_reduce_as<float>(tensor, op);
+      case at::kDouble: return all_reduce_as<double>(tensor, op);
+      case at::kLong: return all_reduce_as<int64_t>(tensor, op);
+      case at::kInt: return all_reduce_as<int32_t>(tensor, op);
+      default:
+        throw TransportError(std::string("gloo all_reduce: dtype ") + c10::toString(tensor.scalar_type()) +
+                             " not supported (float, bf16, fp16, double, int32, int64)");
+    }
   }
 
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
@@ -165,6 +173,20 @@ class GlooBackend : public Backend {
     auto out = scratch_.narrow(0, 0, t.numel());
     out.copy_(t);
     return out;
+  }
+
+  template <typename T>
+  void all_reduce_as(at::Tensor& tensor, ReduceOp op) {
+    at::Tensor work = is_half(tensor) ? upcast(tensor) : tensor;
+    gloo::AllreduceOptions o(context_);
+    o.setOutput<T>(work.data_ptr<T>(), static_cast<size_t>(work.numel()));
+    using Fn = void (*)(void*, const void*, const void*, size_t);
+    o.setReduceFunction(op == ReduceOp::max ? static_cast<Fn>(&gloo::max<T>) : static_cast<Fn>(&gloo::sum<T>));
+    o.setTag(next_tag_++);
+    o.setTimeout(timeout_);
+    gloo::allreduce(o);
+    if (op == ReduceOp::avg) work.div_(size_);
+    if (!work.is_same(tensor)) tensor.copy_(work);
   }
 
   // gloo's ring reduce in place (the tensor itself, or its fp32 upcast); root divides for avg.
