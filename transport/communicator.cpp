@@ -215,7 +215,7 @@ std::shared_ptr<Work> Communicator::issue(const char* op, const OpOptions& optio
   sequencer_->issue(state, [info, backend, recorder, run = std::move(run), keep = std::move(keep),
                             op = std::string(op), t = state->timeout, producer](uint64_t sequence) {
     recorder->begin(sequence, t);
-    RunningOperation running(info->where() + ": " + op + " #" + std::to_string(sequence));
+    RunningOperation running([&info, &op, sequence] { return info->where() + ": " + op + " #" + std::to_string(sequence); });
     struct End {
       ArrivalRecorder& r;
       ~End() { r.end(); }

@@ -14,7 +14,7 @@ namespace tessera::transport {
 namespace {
 
 struct Running {
-  std::string what;
+  std::function<std::string()> describe;
   std::chrono::steady_clock::time_point since;
 };
 
@@ -42,11 +42,12 @@ void beat_forever(int fd, std::chrono::milliseconds interval) {
 
 }  // namespace
 
-RunningOperation::RunningOperation(std::string what) {
+RunningOperation::RunningOperation(std::function<std::string()> describe) {
   static uint64_t next = 0;
+  const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(running_mutex());
   id_ = ++next;
-  running()[id_] = Running{std::move(what), std::chrono::steady_clock::now()};
+  running().emplace(id_, Running{std::move(describe), now});
 }
 
 RunningOperation::~RunningOperation() {
@@ -63,7 +64,7 @@ std::string running_operations(std::chrono::milliseconds older_than) {
     if (now - r.since < older_than) continue;
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, " for %.1f s", s);
-    out += (out.empty() ? "" : "; ") + r.what + seconds;
+    out += (out.empty() ? "" : "; ") + r.describe() + seconds;
   }
   return out;
 }

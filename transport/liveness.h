@@ -17,17 +17,19 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace tessera::transport {
 
 void start_heartbeat();
 
-// Registers "what" as running in this process for its lifetime (the communicators' sequencers
-// hold one around every backend operation).
+// Registers an operation as running in this process for its lifetime (the communicators'
+// sequencers hold one around every backend operation). `describe` is called only when the
+// operation is reported (it has run for a while), so a fast collective builds no string.
 class RunningOperation {
  public:
-  explicit RunningOperation(std::string what);
+  explicit RunningOperation(std::function<std::string()> describe);
   ~RunningOperation();
   RunningOperation(const RunningOperation&) = delete;
   RunningOperation& operator=(const RunningOperation&) = delete;

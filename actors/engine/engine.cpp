@@ -97,9 +97,6 @@ struct Engine::Impl {
     if (staging) staging->take_rest();
     caf::anon_send(reducer, actors::flush_atom::value);
   }
-  void done(const actors::Done& d) const {
-    if (d.error) std::rethrow_exception(d.error);
-  }
   ~Impl() {
     hooks.reset();  // disarm before the actors go
     if (reducer) caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
@@ -267,8 +264,8 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
         } else if (raw->spec->fp32_grad_accumulation && !raw->staging) {
           // A backward that reduces nothing: its low-precision gradients go into the fp32
           // accumulators now (a reducing backward's are folded bucket by bucket by the reducer).
-          raw->done(actors::ask<actors::Done>(raw->reducer, raw->bound(), "gradient-reducer (fold)",
-                                              actors::fold_atom::value));
+          actors::checked(actors::ask<actors::Done>(raw->reducer, raw->bound(), "gradient-reducer (fold)",
+                                                    actors::fold_atom::value));
         }
         raw->micro->end_backward();
       });
@@ -332,7 +329,7 @@ void Engine::step() {
 void Engine::zero_grad() {
   auto& s = *impl_;
   // The reducer finishes what it issued first (reductions may still be writing the gradients).
-  s.done(actors::ask<actors::Done>(s.reducer, s.bound(), "zero_grad: the gradient-reducer", actors::zero_atom::value));
+  actors::checked(actors::ask<actors::Done>(s.reducer, s.bound(), "zero_grad: the gradient-reducer", actors::zero_atom::value));
   s.micro->zero_grad();
 }
 

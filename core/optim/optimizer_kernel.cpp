@@ -55,6 +55,15 @@ void OptimizerKernel::check_inputs(const at::Tensor& param, const at::Tensor& gr
 
 namespace {
 
+// grad.add(p, weight_decay) (L2 decay folded into the gradient), written into workspace `slot`;
+// the gradient itself when there is no decay.
+at::Tensor l2_decayed(const at::Tensor& grad, const at::Tensor& p, double weight_decay, Workspace& ws, size_t slot) {
+  if (weight_decay == 0) return grad;
+  auto out = ws.get(slot, p.numel(), p.options());
+  at::add_out(out, grad, p, weight_decay);
+  return out;
+}
+
 void check_step(int64_t step, const char* kind) {
   if (step < 1) throw Error(std::string(kind) + " step: update number " + std::to_string(step) + " < 1");
 }
@@ -79,11 +88,7 @@ class AdamKernel final : public OptimizerKernel {
     const double beta1 = hp.beta1, beta2 = hp.beta2;
     const auto bias_correction1 = 1 - std::pow(beta1, step);
     const auto bias_correction2 = 1 - std::pow(beta2, step);
-    at::Tensor grad = grad_in;
-    if (!decoupled && options_.weight_decay != 0) {
-      grad = ws.get(1, p.numel(), p.options());
-      at::add_out(grad, grad_in, p, options_.weight_decay);  // grad.add(p, weight_decay)
-    }
+    const at::Tensor grad = l2_decayed(grad_in, p, decoupled ? 0.0 : options_.weight_decay, ws, 1);
     exp_avg.mul_(beta1).add_(grad, 1 - beta1);
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
     auto denom = ws.get(0, p.numel(), p.options());
@@ -114,11 +119,7 @@ class SgdKernel final : public OptimizerKernel {
     check_inputs(p, grad, states, "SGD");
     check_step(step, "SGD");
     at::NoGradGuard no_grad;
-    at::Tensor d_p = grad;
-    if (options_.weight_decay != 0) {
-      d_p = ws.get(0, p.numel(), p.options());
-      at::add_out(d_p, grad, p, options_.weight_decay);  // d_p.add(p, weight_decay)
-    }
+    at::Tensor d_p = l2_decayed(grad, p, options_.weight_decay, ws, 0);
     if (options_.momentum != 0) {
       const auto& buf = states[0];
       if (step == 1) buf.copy_(d_p);  // clone(d_p) (rounded once in bf16 states)
@@ -150,11 +151,7 @@ class AdagradKernel final : public OptimizerKernel {
     check_inputs(p, grad_in, states, "Adagrad");
     check_step(step, "Adagrad");
     at::NoGradGuard no_grad;
-    at::Tensor grad = grad_in;
-    if (options_.weight_decay != 0) {
-      grad = ws.get(1, p.numel(), p.options());
-      at::add_out(grad, grad_in, p, options_.weight_decay);
-    }
+    const at::Tensor grad = l2_decayed(grad_in, p, options_.weight_decay, ws, 1);
     const auto clr = hp.lr / (1 + static_cast<double>(step - 1) * options_.lr_decay);
     states[0].addcmul_(grad, grad, 1.0);
     auto std_dev = ws.get(0, p.numel(), p.options());

@@ -71,10 +71,6 @@ struct Fixture {
   std::vector<std::unique_ptr<zero::FlatParameters>> flat;
 };
 
-void expect_done(const Done& d) {
-  if (d.error) std::rethrow_exception(d.error);
-}
-
 }  // namespace
 
 TEST_CASE("parameter-shard: partitions are lent views, gather fills every rank's buffer", "[actors]") {
@@ -86,7 +82,7 @@ TEST_CASE("parameter-shard: partitions are lent views, gather fills every rank's
   const auto& layout = f.spec->plan->groups()[0].layout;
   CHECK(parts.tensors[0].data_ptr() == static_cast<char*>(buffer.data_ptr()) + 4 * layout.partition_begin(kRank));
   parts.tensors[0].fill_(float(kRank + 1));  // the update the optimizer would write
-  expect_done(ask<Done>(shard, kTimeout, "gather", gather_atom::value));
+  checked(ask<Done>(shard, kTimeout, "gather", gather_atom::value));
   for (int r = 0; r < kWorld; ++r)
     CHECK(torch::equal(buffer.narrow(0, layout.partition_begin(r), layout.partition_numel),
                        torch::full({layout.partition_numel}, float(r + 1))));
@@ -116,7 +112,7 @@ TEST_CASE("gradient-reducer (stage 1): ready in any order, finish gives the aver
     CHECK(partition[j].item<float>() == f.average(layout.partition_begin(kRank) + j));
   CHECK_FALSE(ready.overflow);
   CHECK(ask<int64_t>(reducer, kTimeout, "memory", memory_atom::value) == layout.padded_numel * 4);
-  expect_done(ask<Done>(reducer, kTimeout, "zero", zero_atom::value));
+  checked(ask<Done>(reducer, kTimeout, "zero", zero_atom::value));
   CHECK(f.a.grad().abs().sum().item<float>() == 0.0f);
   CHECK(f.b.grad().data_ptr() != nullptr);  // still a view, now zero
   caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
@@ -141,7 +137,7 @@ TEST_CASE("gradient-reducer (stage 2): staged buckets reduced to their owners, .
   const auto& layout = f.layout();
   for (int64_t j = 0; j < layout.partition_numel; ++j)
     CHECK(ready.partitions[0][j].item<float>() == 2 * f.average(layout.partition_begin(kRank) + j));
-  expect_done(ask<Done>(reducer, kTimeout, "zero", zero_atom::value));
+  checked(ask<Done>(reducer, kTimeout, "zero", zero_atom::value));
   ready = checked(ask<GradientsReady>(reducer, kTimeout, "finish", finish_atom::value, FinishRequest{}));
   CHECK(ready.partitions[0].abs().sum().item<float>() == 0.0f);
   caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
