@@ -14,6 +14,7 @@ packages=(
   libxxhash-dev                                   # checksums
   libssl-dev                                      # HMAC-SHA256 of the store's handshake
   libbenchmark-dev                                # bench harness
+  python3-torch                                   # the decoder logits oracle (tests/nn/reference_decoder.py)
 )
 
 missing=()

@@ -1,10 +1,13 @@
-// train_lm: trains a small byte-level GPT on Debian's license texts with tessera's ZeRO engine.
+// train_lm: trains a small byte-level language model on Debian's license texts with tessera's ZeRO
+// engine: TinyGpt by default, or a Llama/Qwen2/Qwen3 model from a Hugging Face config.json.
 //
 //   tools/tessera-launch --nproc-per-node 2 build/examples/train_lm/train_lm --config configs/zero2.toml
+//   tools/tessera-launch --nproc-per-node 2 build/examples/train_lm/train_lm --config examples/train_lm/train_lm.toml \
+//       --model-config configs/models/tiny-qwen3 --save-dir out/tiny-qwen3
 //
 // One training step, top to bottom (B = micro batch per rank, T = context, V = 256 bytes):
 //   tokens, targets [B, T] int64   <- ByteCorpus::batch(seed, step, micro, B * world, T, rank, world)
-//   logits [B, T, V]               <- TinyGpt::forward (the user's own forward; the engine does not wrap it)
+//   logits [B, T, V]               <- the model's forward (the user's own; the engine does not wrap it)
 //   loss []                        <- cross-entropy(logits, targets)
 //   engine->backward(loss)         <- (loss / accumulation).backward(); at the boundary micro-step the
 //                                     gradient-reducer reduces buckets of the flat gradients meanwhile
@@ -28,8 +31,39 @@
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/error.h"
+#include "core/nn/decoder.h"
 #include "core/nn/tiny_gpt.h"
 #include "transport/launch_env.h"
+
+namespace {
+
+// The model trained: TinyGpt or a Hugging Face-configured decoder, behind one loss and module.
+struct LanguageModel {
+  std::shared_ptr<tessera::nn::TinyGpt> gpt;
+  std::shared_ptr<tessera::nn::DecoderLm> decoder;
+  int64_t hidden_size = 0;
+
+  explicit LanguageModel(const tessera::nn::GptConfig& c)
+      : gpt(std::make_shared<tessera::nn::TinyGpt>(c)), hidden_size(c.d_model) {}
+  LanguageModel(const std::string& config_path, const std::string& weights, int64_t context) {
+    const auto config = tessera::nn::load_decoder_config(config_path);
+    if (config.vocab_size < 256)
+      throw tessera::ConfigError(config_path + ": vocab_size " + std::to_string(config.vocab_size) +
+                                 ": the corpus is bytes, so at least 256 tokens are needed");
+    if (context > config.max_position_embeddings)
+      throw tessera::ConfigError("--context " + std::to_string(context) + " exceeds max_position_embeddings " +
+                                 std::to_string(config.max_position_embeddings) + " of " + config_path);
+    decoder = std::make_shared<tessera::nn::DecoderLm>(
+        weights.empty() ? tessera::nn::DecoderLm(config) : tessera::nn::load_pretrained(weights));
+    hidden_size = config.hidden_size;
+  }
+  std::shared_ptr<torch::nn::Module> module() const { return gpt ? gpt->module() : decoder->module(); }
+  torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets) const {
+    return gpt ? gpt->loss(tokens, targets) : decoder->loss(tokens, targets);
+  }
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a small byte-level GPT with tessera's ZeRO engine (launch with tessera-launch)"};
@@ -52,6 +86,10 @@ int main(int argc, char** argv) {
   app.add_option("--layers", model_config.n_layer, "transformer blocks");
   app.add_option("--heads", model_config.n_head, "attention heads");
   app.add_option("--context", model_config.context, "tokens per sequence");
+  std::string hf_config, init_weights, save_dir;
+  app.add_option("--model-config", hf_config, "a Llama/Qwen2/Qwen3 config.json (or its directory) instead of TinyGpt");
+  app.add_option("--init-weights", init_weights, "start from this Hugging Face weight directory (with --model-config)");
+  app.add_option("--save-dir", save_dir, "rank 0 writes the trained model here as a Hugging Face directory (with --model-config)");
   app.add_option("--log-every", log_every, "print a line every N steps (default: the config's steps_per_print, 1 on a terminal)");
   // What fills the other "auto" values (a Hugging Face-style all-auto DeepSpeed JSON works as is);
   // an explicit value in the config wins, as with the Trainer.
@@ -77,11 +115,13 @@ int main(int argc, char** argv) {
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_world)));
   try {
     tessera::data::ByteCorpus corpus(corpus_paths);
-    tessera::nn::TinyGpt model(model_config);
+    if (hf_config.empty() && !(init_weights.empty() && save_dir.empty()))
+      throw tessera::ConfigError("--init-weights and --save-dir need --model-config");
+    const LanguageModel model = hf_config.empty() ? LanguageModel(model_config) : LanguageModel(hf_config, init_weights, model_config.context);
     auto config = tessera::config::load_config(config_path);
     tessera::InitializeOptions options;
     options.facts.micro_batch_size = micro_batch;
-    options.facts.hidden_size = model_config.d_model;
+    options.facts.hidden_size = model.hidden_size;
     options.facts.lr = lr;
     options.facts.total_steps = steps;
     options.facts.gradient_accumulation_steps = grad_accum;
@@ -169,6 +209,10 @@ int main(int argc, char** argv) {
                     tokens_per_s, lr_now, scale_now, tty ? "" : "\n");
         std::fflush(stdout);
       }
+    }
+    if (rank == 0 && !save_dir.empty()) {
+      model.decoder->save_pretrained(save_dir);
+      std::printf("%ssaved the model to %s\n", tty ? "\n" : "", save_dir.c_str());
     }
     if (rank == 0) {
       std::printf("%sdone: %d steps in %.1f s, skipped %lld%s%s\n", tty ? "\n" : "", steps,

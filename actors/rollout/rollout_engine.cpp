@@ -1,0 +1,123 @@
+#include "actors/rollout/rollout_engine.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "actors/actor_runtime.h"
+#include "core/error.h"
+#include "core/io/weight_directory.h"
+#include "transport/communicator.h"
+#include "transport/launch_env.h"
+
+namespace tessera {
+namespace {
+
+// The request as int64 words: params, then the prompts' lengths, then their tokens.
+std::vector<int64_t> encode(const std::vector<std::vector<int64_t>>& prompts, const nn::SamplingParams& p) {
+  auto bits = [](double d) {
+    int64_t v;
+    std::memcpy(&v, &d, sizeof v);
+    return v;
+  };
+  std::vector<int64_t> w = {bits(p.temperature), p.top_k, bits(p.top_p), p.max_new_tokens, p.ignore_eos ? 1 : 0,
+                            int64_t(p.seed), int64_t(p.stop_token_ids.size())};
+  w.insert(w.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  w.push_back(int64_t(prompts.size()));
+  for (const auto& prompt : prompts) w.push_back(int64_t(prompt.size()));
+  for (const auto& prompt : prompts) w.insert(w.end(), prompt.begin(), prompt.end());
+  return w;
+}
+
+void decode(const std::vector<int64_t>& w, std::vector<std::vector<int64_t>>& prompts, nn::SamplingParams& p) {
+  size_t at = 0;
+  auto real = [&] {
+    double d;
+    std::memcpy(&d, &w[at++], sizeof d);
+    return d;
+  };
+  p.temperature = real();
+  p.top_k = w[at++];
+  p.top_p = real();
+  p.max_new_tokens = w[at++];
+  p.ignore_eos = w[at++] != 0;
+  p.seed = uint64_t(w[at++]);
+  p.stop_token_ids.assign(w.begin() + long(at) + 1, w.begin() + long(at) + 1 + w[at]);
+  at += 1 + size_t(w[at]);
+  prompts.assign(size_t(w[at++]), {});
+  size_t token = at + prompts.size();
+  for (auto& prompt : prompts) {
+    const auto n = size_t(w[at++]);
+    prompt.assign(w.begin() + long(token), w.begin() + long(token + n));
+    token += n;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<RolloutEngine> RolloutEngine::create(const RolloutOptions& options) {
+  if (options.model_dir.empty() && options.config_path.empty())
+    throw ConfigError("RolloutEngine: give model_dir (config + weights) or config_path");
+  const auto config = nn::load_decoder_config(options.config_path.empty() ? options.model_dir : options.config_path);
+  auto group = options.group;
+  int rank = 0, size = 1;
+  if (group) {
+    rank = group->rank(), size = group->size();
+  } else {
+    const auto env = transport::LaunchEnv::from_env();
+    rank = env.rank, size = env.world_size;
+  }
+  nn::check_tp_size(config, size);  // before anyone connects: every rank fails alike
+  if (!group && size > 1) {
+    transport::CommunicatorOptions co;
+    co.name = actors::next_communicator_name("rollout") + ".tp";
+    co.timeout = options.timeout;
+    group = transport::Communicator::gloo(actors::job_store(), rank, size, co);
+    group->barrier()->wait();
+  }
+  std::unique_ptr<RolloutEngine> engine(new RolloutEngine());
+  engine->group_ = group;
+  nn::DecoderOptions model_options;
+  model_options.dtype = options.dtype;
+  model_options.tp.rank = rank, model_options.tp.size = size;
+  if (size > 1) {
+    auto comm = group;
+    model_options.tp.all_reduce_sum = [comm](at::Tensor& t) { comm->all_reduce(t.view({-1}))->wait(); };
+    model_options.tp.all_gather = [comm](const at::Tensor& t) {
+      auto out = torch::empty({comm->size() * t.numel()}, t.options());
+      comm->all_gather(t.reshape({-1}), out)->wait();
+      return out;
+    };
+    model_options.tp.broadcast = [comm](at::Tensor& t) { comm->broadcast(t.view({-1}), 0)->wait(); };
+  }
+  engine->model_ = std::make_unique<nn::DecoderLm>(config, model_options);
+  if (!options.model_dir.empty()) engine->load_weights(options.model_dir);
+  return engine;
+}
+
+RolloutEngine::~RolloutEngine() = default;
+
+int RolloutEngine::tp_rank() const { return model_->tp().rank; }
+int RolloutEngine::tp_size() const { return model_->tp().size; }
+
+void RolloutEngine::load_weights(const std::string& dir) { model_->load(io::WeightDirectory(dir)); }
+
+nn::GenerationResult RolloutEngine::generate(const std::vector<std::vector<int64_t>>& prompts,
+                                             const nn::SamplingParams& params, bool use_kv_cache) {
+  if (!group_) return nn::generate(*model_, prompts, params, use_kv_cache);
+  // Rank 0's request, everywhere: its length, then its words.
+  std::vector<int64_t> words;
+  if (group_->rank() == 0) words = encode(prompts, params);
+  auto length = torch::tensor({int64_t(words.size())}, torch::kLong);
+  group_->broadcast(length, 0)->wait();
+  auto buffer = group_->rank() == 0 ? torch::tensor(words, torch::kLong) : torch::empty({length.item<int64_t>()}, torch::kLong);
+  group_->broadcast(buffer, 0)->wait();
+  std::vector<std::vector<int64_t>> shared_prompts;
+  nn::SamplingParams shared_params;
+  decode(std::vector<int64_t>(buffer.data_ptr<int64_t>(), buffer.data_ptr<int64_t>() + buffer.numel()), shared_prompts,
+         shared_params);
+  return nn::generate(*model_, shared_prompts, shared_params, use_kv_cache);
+}
+
+}  // namespace tessera

@@ -1,0 +1,63 @@
+// RolloutEngine is the generation side of the RL loop: one job under tessera-launch whose ranks
+// are one tensor-parallel group (TP size = the job's world size), running a Llama/Qwen DecoderLm
+// split as vLLM splits it, and generating batches of prompts with token ids and log-probabilities.
+//
+//   auto rollout = tessera::RolloutEngine::create({.model_dir = "ckpt/qwen3-0.6b"});
+//   auto out = rollout->generate(prompts, params);   // out.tokens[i], out.logprobs[i]
+//
+// Prompts and sampling parameters are TP rank 0's (like vLLM's driver worker): the other ranks
+// may pass anything (empty); rank 0 broadcasts them, so every rank runs the same batch, and rank
+// 0's sampled tokens are broadcast each step. Every rank returns the same result.
+// Weights come from a Hugging Face directory at create() or later through load_weights(); the
+// next issue's rollout-sink writes them in place through model().
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/nn/decoder.h"
+#include "core/nn/generation.h"
+
+namespace tessera::transport {
+class Communicator;
+}
+
+namespace tessera {
+
+struct RolloutOptions {
+  // config.json + safetensors weights; or only config_path and the weights come later.
+  std::string model_dir;
+  std::string config_path;  // default: model_dir/config.json
+  at::ScalarType dtype = at::kFloat;
+  // The TP group; default: the whole job (from tessera-launch's environment).
+  std::shared_ptr<transport::Communicator> group;
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+};
+
+class RolloutEngine {
+ public:
+  // Collective over the group: every rank calls it with the same options.
+  static std::unique_ptr<RolloutEngine> create(const RolloutOptions& options);
+  ~RolloutEngine();
+
+  nn::GenerationResult generate(const std::vector<std::vector<int64_t>>& prompts, const nn::SamplingParams& params,
+                                bool use_kv_cache = true);
+  // Replaces the weights from a Hugging Face directory (checked whole before any is written).
+  void load_weights(const std::string& dir);
+
+  int tp_rank() const;
+  int tp_size() const;
+  const nn::DecoderConfig& config() const { return model_->config(); }
+  nn::DecoderLm& model() { return *model_; }
+
+ private:
+  RolloutEngine() = default;
+  std::shared_ptr<transport::Communicator> group_;
+  std::unique_ptr<nn::DecoderLm> model_;
+};
+
+}  // namespace tessera
