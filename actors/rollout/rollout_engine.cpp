@@ -101,10 +101,15 @@ RolloutEngine::~RolloutEngine() = default;
 int RolloutEngine::tp_rank() const { return model_->tp().rank; }
 int RolloutEngine::tp_size() const { return model_->tp().size; }
 
-void RolloutEngine::load_weights(const std::string& dir) { model_->load(io::WeightDirectory(dir)); }
+void RolloutEngine::load_weights(const std::string& dir) {
+  model_->load(io::WeightDirectory(dir));
+  ++weight_version_;
+}
 
 nn::GenerationResult RolloutEngine::generate(const std::vector<std::vector<int64_t>>& prompts,
                                              const nn::SamplingParams& params, bool use_kv_cache) {
+  if (weight_version_ == 0)
+    throw Error("RolloutEngine::generate: no weights yet (created from a config alone; load_weights or a sync first)");
   if (!group_) return nn::generate(*model_, prompts, params, use_kv_cache);
   // Rank 0's request, everywhere: its length, then its words.
   std::vector<int64_t> words;

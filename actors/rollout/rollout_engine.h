@@ -46,8 +46,12 @@ class RolloutEngine {
 
   nn::GenerationResult generate(const std::vector<std::vector<int64_t>>& prompts, const nn::SamplingParams& params,
                                 bool use_kv_cache = true);
-  // Replaces the weights from a Hugging Face directory (checked whole before any is written).
+  // Replaces the weights from a Hugging Face directory (checked whole before any is written)
+  // and advances the weight version.
   void load_weights(const std::string& dir);
+  // 0 until weights arrived (created from a config alone): generate() refuses to run on the
+  // random initialisation. Each complete load (or, later, sync) adds 1.
+  uint64_t weight_version() const { return weight_version_; }
 
   int tp_rank() const;
   int tp_size() const;
@@ -58,6 +62,7 @@ class RolloutEngine {
   RolloutEngine() = default;
   std::shared_ptr<transport::Communicator> group_;
   std::unique_ptr<nn::DecoderLm> model_;
+  uint64_t weight_version_ = 0;
 };
 
 }  // namespace tessera

@@ -147,7 +147,38 @@ TEST_CASE("Seeded sampling is reproducible; stop tokens end a sequence and are k
   }
 }
 
+TEST_CASE("bf16 generation at this TP size follows the fp32 model within bf16 rounding", "[rollout][bf16]") {
+  const auto dir = model_dir("qwen3");
+  auto oracle = nn::load_pretrained(dir);
+  nn::SamplingParams greedy;
+  greedy.temperature = 0, greedy.max_new_tokens = 12, greedy.ignore_eos = true;
+  const auto ref = nn::generate(oracle, kPrompts, greedy);
+  RolloutOptions options;
+  options.model_dir = dir;
+  options.dtype = at::kBFloat16;
+  auto rollout = RolloutEngine::create(options);
+  const auto got = rollout->generate(kPrompts, greedy);
+  double sum = 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < ref.tokens.size(); ++i)
+    for (size_t j = 0; j < ref.tokens[i].size() && got.tokens[i][j] == ref.tokens[i][j]; ++j, ++n)
+      sum += std::abs(got.logprobs[i][j] - ref.logprobs[i][j]);
+  if (kEnv.rank == 0) std::printf("bf16 TP %d: %ld tokens as fp32's, mean |logprob diff| %.3g\n", kEnv.world_size, long(n), sum / double(n));
+  CHECK(n >= 24);
+  CHECK(sum / double(n) < 0.05);
+}
+
 TEST_CASE("Bad requests are refused on every rank alike, and the engine stays usable", "[rollout][errors]") {
+  {
+    RolloutOptions config_only;
+    config_only.config_path = model_dir("llama");
+    auto waiting = RolloutEngine::create(config_only);
+    CHECK(waiting->weight_version() == 0);
+    CHECK_THROWS_WITH(waiting->generate(kPrompts, {}), Catch::Contains("no weights yet"));
+    waiting->load_weights(model_dir("llama"));
+    CHECK(waiting->weight_version() == 1);
+    CHECK(waiting->generate({{1}}, {}).tokens.size() == 1);
+  }
   auto rollout = RolloutEngine::create({model_dir("llama")});
   nn::SamplingParams p;
   p.temperature = 0;
