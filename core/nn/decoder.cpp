@@ -347,8 +347,14 @@ void DecoderLm::load(const io::WeightDirectory& weights) {
   torch::NoGradGuard no_grad;
   auto params = impl_->module->named_parameters();
   for (const auto& [name, shape] : shapes) {
-    auto full = weights.read(name).to(options_.dtype);
-    params.find(name)->copy_(cut_shard(full, decoder_tp_shard(config_, name, tp.rank, tp.size)));
+    auto& param = *params.find(name);
+    const auto shard = decoder_tp_shard(config_, name, tp.rank, tp.size);
+    const bool whole = shard.dim < 0 || (tp.size == 1 && shard.length == shard.local_length);
+    if (whole && io::to_scalar_type(weights.info(name).dtype) == param.scalar_type() && param.is_contiguous()) {
+      weights.read_into(name, param);  // straight from the file into the parameter
+      continue;
+    }
+    param.copy_(cut_shard(weights.read(name).to(options_.dtype), shard));
   }
 }
 

@@ -80,9 +80,11 @@ GenerationResult generate(const DecoderLm& model, const std::vector<std::vector<
     auto logits = model.forward(input, in).select(1, 0);
     auto next = sample_tokens(logits, params, generator);
     if (tp.sharded()) {
-      next.tokens = next.tokens.contiguous(), next.logprobs = next.logprobs.contiguous();
+      // Rank 0's tokens; their log-probabilities from this rank's logits, which are the same
+      // bytes on every rank (gathered), so one broadcast a step is enough.
+      next.tokens = next.tokens.contiguous();
       tp.broadcast(next.tokens);
-      tp.broadcast(next.logprobs);
+      next.logprobs = torch::log_softmax(logits, -1).gather(-1, next.tokens.unsqueeze(-1)).squeeze(-1);
     }
     ids.select(1, slots).copy_(next.tokens);
     auto tokens = next.tokens.accessor<int64_t, 1>();

@@ -65,6 +65,18 @@ class Env(unittest.TestCase):
         dry = launch(["--nproc-per-node", "2", "--dry-run", "prog"], env={"TESSERA_STORE_SECRET": "s3cr3t"})
         self.assertNotIn("s3cr3t", dry.stdout + dry.stderr)
 
+    def test_thread_variables(self):
+        # The node's cores split over its ranks, unless the caller set them (OpenBLAS keeps its
+        # own pool, which set_num_threads does not reach).
+        e = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        r = subprocess.run([sys.executable, LAUNCH, "--nproc-per-node", "2", "--dry-run", "prog"],
+                           capture_output=True, text=True, timeout=60, env=e)
+        share = max(1, (os.cpu_count() or 1) // 2)
+        self.assertEqual(r.stdout.count(f"OMP_NUM_THREADS={share} OPENBLAS_NUM_THREADS={share}"), 2, r.stdout)
+        r = launch(["--nproc-per-node", "2", "--dry-run", "prog"], env={"OMP_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "5"})
+        self.assertNotIn("OMP_NUM_THREADS=", r.stdout)  # the caller's own values pass through untouched
+        self.assertNotIn("OPENBLAS_NUM_THREADS=", r.stdout)
+
     def test_multi_node_ranks(self):
         # Node 1 of 2 with 2 ranks per node holds global ranks 2 and 3.
         r = launch(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "10.1.2.3",
