@@ -96,6 +96,13 @@ Prepared prepare(const PlanRequest& request, const PlanOptions& options) {
   p.source = detail::check_source_map(source, "source", limits, p.refined_source);
   p.regions = detail::check_source_regions(p.source);
   detail::check_target_coverage(p.target);
+  // A target passes every check validate_map() (`tessera affine check`) makes, holders agreeing
+  // element by element included: overlapping pieces that each claim to be the only holder are
+  // refused here as there (DeepSpeed's planner refuses them too).
+  {
+    std::unique_ptr<TensorMap> refined_target;
+    detail::check_source_regions(detail::check_source_map(target, "target", limits, refined_target));
+  }
   return p;
 }
 

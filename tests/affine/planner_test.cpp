@@ -7,6 +7,7 @@
 #include "core/affine/builders.h"
 #include "core/affine/errors.h"
 #include "core/affine/planner.h"
+#include "core/affine/validate.h"
 #include "oracle.h"
 
 using namespace tessera::affine;
@@ -97,16 +98,38 @@ TEST_CASE("plan: identity, 0-d, 1-D bias, non-contiguous rank ids, replicated ta
   CHECK(check_transfer(rep, rows(8, 8, 2), to_rep).empty());
 }
 
-TEST_CASE("plan: target replicas cut at different boundaries are fine", "[affine][planner]") {
+TEST_CASE("plan: target replicas stored in other pieces are fine when their holders say so", "[affine][planner]") {
   TensorMap target = rows(8, 4, 2);  // ranks 0, 1: rows 0..3 / 4..7
-  TensorMap whole = replicated({"w", DType::f32, {8, 4}}, 1);
-  target.ranks[2] = whole.ranks[0];  // rank 2 holds all rows as one piece
-  target.ranks[0].pieces[0].holders = {0};
-  target.ranks[1].pieces[0].holders = {1};
-  target.ranks[2].pieces[0].holders = {2};
+  target.ranks[0].pieces[0].holders = {0, 2};
+  target.ranks[1].pieces[0].holders = {1, 2};
+  // Rank 2 holds every row, in two pieces whose holders agree with ranks 0 and 1.
+  target.ranks[2] = target.ranks[0];
+  target.ranks[2].buffer_elements = 32;
+  target.ranks[2].buffer_shape = {};
+  target.ranks[2].pieces.push_back(target.ranks[1].pieces[0]);
+  target.ranks[2].pieces[1].offset = 16;
   const Plan p = affine::plan(target, cols(8, 4, 2));
   CHECK(p.statistics.moved_elements == 64);
   CHECK(check_transfer(target, cols(8, 4, 2), p).empty());
+}
+
+TEST_CASE("plan: refuses every target `affine check` refuses (overlapping sole holders)", "[affine][planner]") {
+  // Each piece claims to be the only holder of rows that another piece holds too.
+  TensorMap target = rows(8, 4, 2);
+  TensorMap whole = replicated({"w", DType::f32, {8, 4}}, 1);
+  target.ranks[2] = whole.ranks[0];
+  target.ranks[0].pieces[0].holders = {0};
+  target.ranks[1].pieces[0].holders = {1};
+  target.ranks[2].pieces[0].holders = {2};
+  CHECK_THROWS_AS(validate_map(target), tessera::MapError);
+  CHECK_THROWS_AS(affine::plan(target, cols(8, 4, 2)), HolderError);
+  CHECK_THROWS_WITH(affine::plan(target, cols(8, 4, 2)), Catch::Contains("target") && Catch::Contains("two owners"));
+  // Partly overlapping boxes, each its own only holder.
+  TensorMap partial = rows(8, 4, 2);
+  partial.ranks[1].pieces[0].box = Box({3, 0}, {5, 4});
+  partial.ranks[1].buffer_elements = 20;
+  CHECK_THROWS_AS(validate_map(partial), tessera::MapError);
+  CHECK_THROWS_AS(affine::plan(partial, cols(8, 4, 2)), tessera::MapError);
 }
 
 TEST_CASE("plan: refusals name tensor, rank and box", "[affine][planner]") {
