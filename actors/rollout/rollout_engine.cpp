@@ -15,14 +15,14 @@ namespace tessera {
 namespace {
 
 // The request as int64 words: params, then the prompts' lengths, then their tokens.
-std::vector<int64_t> encode(const std::vector<std::vector<int64_t>>& prompts, const nn::SamplingParams& p) {
+std::vector<int64_t> encode(const std::vector<std::vector<int64_t>>& prompts, const nn::SamplingParams& p, bool cache) {
   auto bits = [](double d) {
     int64_t v;
     std::memcpy(&v, &d, sizeof v);
     return v;
   };
   std::vector<int64_t> w = {bits(p.temperature), p.top_k, bits(p.top_p), p.max_new_tokens, p.ignore_eos ? 1 : 0,
-                            int64_t(p.seed), int64_t(p.stop_token_ids.size())};
+                            int64_t(p.seed), cache ? 1 : 0, int64_t(p.stop_token_ids.size())};
   w.insert(w.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
   w.push_back(int64_t(prompts.size()));
   for (const auto& prompt : prompts) w.push_back(int64_t(prompt.size()));
@@ -30,7 +30,8 @@ std::vector<int64_t> encode(const std::vector<std::vector<int64_t>>& prompts, co
   return w;
 }
 
-void decode(const std::vector<int64_t>& w, std::vector<std::vector<int64_t>>& prompts, nn::SamplingParams& p) {
+void decode(const std::vector<int64_t>& w, std::vector<std::vector<int64_t>>& prompts, nn::SamplingParams& p,
+            bool& cache) {
   size_t at = 0;
   auto real = [&] {
     double d;
@@ -43,6 +44,7 @@ void decode(const std::vector<int64_t>& w, std::vector<std::vector<int64_t>>& pr
   p.max_new_tokens = w[at++];
   p.ignore_eos = w[at++] != 0;
   p.seed = uint64_t(w[at++]);
+  cache = w[at++] != 0;
   p.stop_token_ids.assign(w.begin() + long(at) + 1, w.begin() + long(at) + 1 + w[at]);
   at += 1 + size_t(w[at]);
   prompts.assign(size_t(w[at++]), {});
@@ -102,7 +104,32 @@ int RolloutEngine::tp_rank() const { return model_->tp().rank; }
 int RolloutEngine::tp_size() const { return model_->tp().size; }
 
 void RolloutEngine::load_weights(const std::string& dir) {
-  model_->load(io::WeightDirectory(dir));
+  // Every rank loads its shards; all of them agree on the outcome before the version moves, so
+  // no rank serves weights another failed to load.
+  std::string error;
+  bool written = false;
+  try {
+    io::WeightDirectory weights(dir);
+    model_->check_weights(weights);
+    written = true;  // from here a failure may leave parameters partly written
+    model_->load(weights);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (group_) {
+    auto failed = torch::tensor({error.empty() ? 0.0f : 1.0f, written && !error.empty() ? 1.0f : 0.0f});
+    transport::ReduceOptions any;
+    any.op = transport::ReduceOp::max;
+    group_->all_reduce(failed, any)->wait();
+    if (failed[0].item<float>() > 0) {
+      if (failed[1].item<float>() > 0) weight_version_ = 0;  // some rank may hold a torn mix: serve nothing
+      throw CheckpointError(error.empty() ? "RolloutEngine::load_weights: " + dir + ": another TP rank failed to load"
+                                          : error);
+    }
+  } else if (!error.empty()) {
+    if (written) weight_version_ = 0;
+    throw CheckpointError(error);
+  }
   ++weight_version_;
 }
 
@@ -113,16 +140,17 @@ nn::GenerationResult RolloutEngine::generate(const std::vector<std::vector<int64
   if (!group_) return nn::generate(*model_, prompts, params, use_kv_cache);
   // Rank 0's request, everywhere: its length, then its words.
   std::vector<int64_t> words;
-  if (group_->rank() == 0) words = encode(prompts, params);
+  if (group_->rank() == 0) words = encode(prompts, params, use_kv_cache);
   auto length = torch::tensor({int64_t(words.size())}, torch::kLong);
   group_->broadcast(length, 0)->wait();
   auto buffer = group_->rank() == 0 ? torch::tensor(words, torch::kLong) : torch::empty({length.item<int64_t>()}, torch::kLong);
   group_->broadcast(buffer, 0)->wait();
   std::vector<std::vector<int64_t>> shared_prompts;
   nn::SamplingParams shared_params;
+  bool shared_cache = true;
   decode(std::vector<int64_t>(buffer.data_ptr<int64_t>(), buffer.data_ptr<int64_t>() + buffer.numel()), shared_prompts,
-         shared_params);
-  return nn::generate(*model_, shared_prompts, shared_params, use_kv_cache);
+         shared_params, shared_cache);
+  return nn::generate(*model_, shared_prompts, shared_params, shared_cache);
 }
 
 }  // namespace tessera

@@ -47,7 +47,9 @@ class RolloutEngine {
   nn::GenerationResult generate(const std::vector<std::vector<int64_t>>& prompts, const nn::SamplingParams& params,
                                 bool use_kv_cache = true);
   // Replaces the weights from a Hugging Face directory (checked whole before any is written)
-  // and advances the weight version.
+  // and advances the weight version once every TP rank has loaded its shards. When a rank fails
+  // every rank throws; if a failure came after writing began (the files changed meanwhile),
+  // weight_version() drops to 0 and generate() refuses until a good load.
   void load_weights(const std::string& dir);
   // 0 until weights arrived (created from a config alone): generate() refuses to run on the
   // random initialisation. Each complete load (or, later, sync) adds 1.

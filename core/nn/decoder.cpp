@@ -256,8 +256,15 @@ at::Tensor DecoderLm::forward(const at::Tensor& ids, const DecoderInputs& in) co
   if (in.cache && S > in.cache->capacity)
     throw Error("DecoderLm::forward: the KV cache holds " + std::to_string(in.cache->capacity) + " slots, " +
                 std::to_string(S) + " needed");
-  if (in.cache && (int64_t(in.cache->keys.size()) != config_.num_hidden_layers || in.cache->keys[0].size(0) != B))
-    throw Error("DecoderLm::forward: the KV cache was made for another batch or model");
+  if (in.cache) {
+    const auto& g = impl_->geometry;
+    const auto& k = in.cache->keys;
+    if (int64_t(k.size()) != config_.num_hidden_layers || in.cache->values.size() != k.size() ||
+        !k[0].sizes().equals({B, g.kv_heads, in.cache->capacity, g.head_dim}) || k[0].scalar_type() != options_.dtype)
+      throw Error("DecoderLm::forward: the KV cache was made for another batch, model, TP size or dtype (use new_cache)");
+  }
+  if (in.position_ids.defined() && !in.position_ids.sizes().equals({B, T}))
+    throw Error("DecoderLm::forward: position_ids must be [B, T] = [" + std::to_string(B) + ", " + std::to_string(T) + "]");
   if (in.attention_mask.defined() && (in.attention_mask.dim() != 2 || in.attention_mask.size(0) != B ||
                                       in.attention_mask.size(1) != S))
     throw Error("DecoderLm::forward: attention_mask must be [B, cached + new] = [" + std::to_string(B) + ", " +
@@ -311,11 +318,10 @@ at::Tensor DecoderLm::forward(const at::Tensor& ids, const DecoderInputs& in) co
 
 at::Tensor DecoderLm::loss(const at::Tensor& tokens, const at::Tensor& targets) const {
   auto logits = forward(tokens);
-  return F::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}));
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 
-void DecoderLm::load(const io::WeightDirectory& weights) {
-  const auto& tp = options_.tp;
+void DecoderLm::check_weights(const io::WeightDirectory& weights) const {
   const auto shapes = decoder_parameter_shapes(config_);
   auto where = [&](const std::string& name) { return weights.dir() + ": tensor '" + name + "'"; };
   // Check everything first: nothing is written when anything is wrong.
@@ -324,6 +330,9 @@ void DecoderLm::load(const io::WeightDirectory& weights) {
     expected.insert(name);
     if (!weights.contains(name)) throw CheckpointError(where(name) + " is missing (a " + config_.model_type() + " model needs it)");
     const auto& info = weights.info(name);
+    if (info.dtype != io::StDtype::f32 && info.dtype != io::StDtype::bf16 && info.dtype != io::StDtype::f16)
+      throw CheckpointError(where(name) + " is stored as " + io::dtype_name(info.dtype) +
+                            "; weights must be F32, BF16 or F16");
     if (info.shape != shape)
       throw CheckpointError(where(name) + " has shape " + shape_text(info.shape) + ", the config needs " +
                             shape_text(shape));
@@ -340,10 +349,16 @@ void DecoderLm::load(const io::WeightDirectory& weights) {
   }
   if (tied_head_present) {
     auto head = weights.read("lm_head.weight"), embed = weights.read("model.embed_tokens.weight");
-    if (!head.sizes().equals(embed.sizes()) || !torch::equal(head, embed))
+    if (!head.sizes().equals(embed.sizes()) || !torch::equal(head.to(torch::kFloat), embed.to(torch::kFloat)))
       throw CheckpointError(where("lm_head.weight") +
                             " differs from model.embed_tokens.weight but the config ties them (tie_word_embeddings)");
   }
+}
+
+void DecoderLm::load(const io::WeightDirectory& weights) {
+  check_weights(weights);
+  const auto& tp = options_.tp;
+  const auto shapes = decoder_parameter_shapes(config_);
   torch::NoGradGuard no_grad;
   auto params = impl_->module->named_parameters();
   for (const auto& [name, shape] : shapes) {

@@ -58,6 +58,7 @@ struct DecoderOptions {
   double init_std = -1;                   // < 0: the config's initializer_range
 };
 
+// Copies share one module (like torch::nn's module holders): load_pretrained returns by value.
 class DecoderLm {
  public:
   // A randomly initialised model. Every weight is drawn whole from a generator seeded by (seed,
@@ -75,9 +76,13 @@ class DecoderLm {
   KvCache new_cache(int64_t batch, int64_t capacity) const;
 
   // Loads this rank's shards from a Hugging Face weight directory. Checked before anything is
-  // written: every parameter present with its full shape, no tensor the model does not have
-  // (a tied model accepts an lm_head.weight equal to the embedding), dtypes converted.
+  // written: every parameter present with its full shape and a float dtype (F32/BF16/F16,
+  // converted), no tensor the model does not have (a tied model accepts an lm_head.weight equal to
+  // the embedding). A read that fails after the checks (the file changed meanwhile) leaves the
+  // parameters partly written: the caller must treat the model as unusable then.
   void load(const io::WeightDirectory& weights);
+  // load()'s checks alone: nothing written (only a tied lm_head.weight is read, to compare).
+  void check_weights(const io::WeightDirectory& weights) const;
   // Writes config.json and the weights (TP size 1 only) as a Hugging Face directory.
   void save_pretrained(const std::string& dir, uint64_t max_shard_bytes = 0) const;
 

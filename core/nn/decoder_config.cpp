@@ -118,12 +118,13 @@ DecoderConfig parse_decoder_config(const std::string& json_text, const std::stri
   c.num_attention_heads = r.integer("num_attention_heads", 0, true);
   // transformers' defaults: LlamaConfig takes num_attention_heads, Qwen2Config / Qwen3Config 32.
   c.num_key_value_heads = r.integer("num_key_value_heads", c.family == DecoderFamily::llama ? c.num_attention_heads : 32);
-  c.max_position_embeddings = r.integer("max_position_embeddings", c.max_position_embeddings);
+  c.max_position_embeddings = r.integer("max_position_embeddings", c.family == DecoderFamily::llama ? 2048 : 32768);
   c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
   c.rope_theta = r.number("rope_theta", 10000.0);
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
   c.initializer_range = r.number("initializer_range", 0.02);
-  c.torch_dtype = r.string("torch_dtype", "float32");
+  // Recent transformers write "dtype" where older ones wrote "torch_dtype".
+  c.torch_dtype = r.string("torch_dtype", r.string("dtype", "float32"));
   c.bos_token_id = r.has("bos_token_id") ? r.integer("bos_token_id", -1) : -1;
   r.used.insert("bos_token_id");
   r.used.insert("eos_token_id");
@@ -139,9 +140,7 @@ DecoderConfig parse_decoder_config(const std::string& json_text, const std::stri
   // head_dim: Qwen3 always carries it; Llama has it since transformers 4.45; Qwen2 derives it.
   const int64_t derived = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
   // Qwen3Config defaults to 128 whatever the width.
-  c.head_dim = c.family == DecoderFamily::qwen2 ? derived
-                                                : r.integer("head_dim", c.family == DecoderFamily::qwen3 ? 128 : derived);
-  if (c.family == DecoderFamily::qwen2) r.used.insert("head_dim");
+  c.head_dim = r.integer("head_dim", c.family == DecoderFamily::qwen3 ? 128 : derived);
   if (c.family == DecoderFamily::qwen2) {
     c.qkv_bias = true;  // Qwen2Attention: bias on q/k/v, none on o
     if (r.has("attention_bias")) r.fail("attention_bias", "Qwen2 configs do not take attention_bias (q/k/v always have a bias)");
@@ -197,8 +196,6 @@ DecoderConfig parse_decoder_config(const std::string& json_text, const std::stri
     r.fail("num_key_value_heads", std::to_string(c.num_key_value_heads) + " does not divide num_attention_heads " +
                                       std::to_string(c.num_attention_heads));
   if (c.head_dim % 2 != 0) r.fail("head_dim", "must be even for RoPE, got " + std::to_string(c.head_dim));
-  if (c.family == DecoderFamily::qwen2 && c.hidden_size % c.num_attention_heads != 0)
-    r.fail("hidden_size", "must be a multiple of num_attention_heads");
   if (!(c.rms_norm_eps > 0)) r.fail("rms_norm_eps", "must be positive");
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   for (auto id : c.eos_token_ids)
@@ -227,7 +224,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
-  if (c.family != DecoderFamily::qwen2) j["head_dim"] = c.head_dim;  // always explicit (Qwen3's default is 128)
+  j["head_dim"] = c.head_dim;  // always explicit (Qwen3's default is 128)
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;

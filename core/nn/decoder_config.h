@@ -1,9 +1,10 @@
 // DecoderConfig is the shape of one Llama / Qwen2 / Qwen3 decoder-only model, read from a Hugging
-// Face `config.json` (the same keys, the same defaults as transformers' config classes).
+// Face `config.json`: the same keys, and where a key is absent transformers' defaults (Qwen3's head_dim
+// 128, Qwen2/Qwen3's 32 KV heads, ...); the sizes (vocab, hidden, intermediate, layers, heads) are required.
 //
 // What the keys mean here:
 //   hidden_size d, num_attention_heads H, num_key_value_heads KV (GQA: H % KV == 0), head_dim hd
-//   (Qwen3 and recent Llamas give it; otherwise d / H), intermediate_size of the SwiGLU MLP,
+//   (Qwen3 and recent Llamas and Qwen2s give it; otherwise d / H), intermediate_size of the SwiGLU MLP,
 //   rms_norm_eps, rope_theta, tie_word_embeddings (lm_head shares model.embed_tokens.weight).
 //   Family differences: Qwen2 has biases on q/k/v (not o); Llama and Qwen3 take `attention_bias`
 //   (q/k/v and o); Qwen3 normalises q and k per head (q_norm, k_norm) before RoPE.

@@ -25,7 +25,7 @@ SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& p, a
   if (logits.dim() != 2 || logits.scalar_type() != torch::kFloat)
     throw Error("sample_tokens: logits must be [B, V] fp32");
   SampledTokens out;
-  if (p.temperature == 0) {
+  if (p.temperature < kGreedyBelow) {
     out.tokens = logits.argmax(-1);
   } else {
     auto scaled = logits / p.temperature;
@@ -38,7 +38,7 @@ SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& p, a
       auto [sorted, order] = scaled.sort(-1, /*descending=*/true);
       auto probs = torch::softmax(sorted, -1);
       // Drop a token when the tokens before it already reach top_p (the first never goes).
-      auto drop = (probs.cumsum(-1) - probs) > p.top_p;
+      auto drop = (probs.cumsum(-1) - probs) >= p.top_p;
       scaled = scaled.scatter(-1, order, sorted.masked_fill(drop, minus_inf));
     }
     out.tokens = torch::multinomial(torch::softmax(scaled, -1), 1, false, generator).squeeze(-1);

@@ -3,9 +3,9 @@
 // SamplingParams; the log-probabilities returned are of the chosen token under the model's own
 // distribution (log_softmax of the raw logits), as vLLM returns by default.
 //
-// Order of the filters: logits / temperature, keep the top_k largest, keep the smallest set of
-// most likely tokens whose probability reaches top_p (the most likely token always stays), then
-// draw from the renormalised rest.
+// Order of the filters: logits / temperature, keep the top_k largest (and every token tied with
+// the k-th, as vLLM), keep the smallest set of most likely tokens whose probability reaches top_p
+// (the most likely token always stays), then draw from the renormalised rest.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -17,7 +17,7 @@
 namespace tessera::nn {
 
 struct SamplingParams {
-  double temperature = 1.0;    // 0: greedy (argmax; the first of equal maxima)
+  double temperature = 1.0;    // below 1e-5: greedy (argmax; the first of equal maxima), as vLLM
   int64_t top_k = 0;           // 0: off
   double top_p = 1.0;          // 1: off; in (0, 1]
   int64_t max_new_tokens = 16;
@@ -25,6 +25,9 @@ struct SamplingParams {
   bool ignore_eos = false;              // do not stop at the model's eos_token_id
   uint64_t seed = 0;                    // of the generator of one generate() call
 };
+
+// Temperatures below this sample greedily (dividing by them would overflow to inf).
+constexpr double kGreedyBelow = 1e-5;
 
 // Refuses (tessera::ConfigError naming the field) parameters out of range.
 void check_sampling_params(const SamplingParams& params);

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
       std::istringstream in(ids);
       std::vector<int64_t> p;
       for (int64_t t; in >> t;) p.push_back(t);
+      if (!in.eof()) throw tessera::ConfigError("--token-ids '" + ids + "': expected space-separated integers");
       prompts.push_back(p);
     }
     if (prompts.empty()) prompts.push_back({'T', 'h', 'e', ' '});

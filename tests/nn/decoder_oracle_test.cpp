@@ -72,6 +72,7 @@ TEST_CASE("Logits equal the float64 PyTorch reference for Llama, Qwen2 and Qwen3
     options.init_std = 0.2;  // logits well away from uniform: a sharper comparison
     options.seed = 3;
     DecoderLm model(config, options);
+    testing::randomize_norms_and_biases(model.module(), 4);
     auto c = make_case(family, config.vocab_size);
     model.save_pretrained(c.dir.string());
     auto reference = reference_logits(c);
@@ -82,12 +83,22 @@ TEST_CASE("Logits equal the float64 PyTorch reference for Llama, Qwen2 and Qwen3
                 error, reference.abs().max().item<double>());
     CHECK(error < 2e-5);
 
-    // Negative control: one changed weight (a single element of the last layer's v_proj) must be seen.
-    {
+    // Negative controls: one changed element of the last layer's v_proj, of a norm weight, of a bias.
+    for (const std::string name : {"model.layers.1.self_attn.v_proj.weight", "model.layers.0.post_attention_layernorm.weight",
+                                   "model.layers.0.self_attn.q_proj.bias", "model.layers.1.self_attn.k_norm.weight"}) {
+      auto params = model.module()->named_parameters();
+      if (!params.contains(name)) continue;
+      INFO(name);
+      auto p = params[name];
+      const auto saved = p.detach().clone();
+      {
+        torch::NoGradGuard no_grad;
+        p.view({-1})[0].add_(0.05);
+      }
+      CHECK(relative_error(forward(model, c), reference, c.mask) > 1e-4);
       torch::NoGradGuard no_grad;
-      model.module()->named_parameters()["model.layers.1.self_attn.v_proj.weight"][0][0].add_(0.05);
+      p.copy_(saved);
     }
-    CHECK(relative_error(forward(model, c), reference, c.mask) > 1e-4);
     fs::remove_all(c.dir);
   }
 }
@@ -98,7 +109,9 @@ TEST_CASE("bf16 weights on disk: the fp32 model of the loaded values equals the 
   bf16.dtype = at::kBFloat16;
   bf16.init_std = 0.2;
   auto c = make_case("bf16", config.vocab_size);
-  DecoderLm(config, bf16).save_pretrained(c.dir.string());
+  DecoderLm narrow(config, bf16);
+  testing::randomize_norms_and_biases(narrow.module(), 5);
+  narrow.save_pretrained(c.dir.string());
   auto model = load_pretrained(c.dir.string());  // fp32 model of the bf16 values
   const double error = relative_error(forward(model, c), reference_logits(c), c.mask);
   std::printf("oracle qwen3 (bf16 weights): relative error %.3g\n", error);

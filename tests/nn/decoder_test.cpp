@@ -51,7 +51,9 @@ TEST_CASE("config.json of the three families: values, defaults, round trip", "[n
   CHECK(llama.family == DecoderFamily::llama);
   CHECK(llama.head_dim == 16);  // explicit, != 48 / 4
   CHECK(llama.eos_token_ids == std::vector<int64_t>{2});
-  CHECK_FALSE(llama.qkv_bias);
+  CHECK(llama.qkv_bias);
+  CHECK(llama.o_bias);
+  CHECK(llama.mlp_bias);
   auto qwen2 = family_config("qwen2");
   CHECK(qwen2.head_dim == 8);
   CHECK(qwen2.qkv_bias);
@@ -75,6 +77,13 @@ TEST_CASE("config.json of the three families: values, defaults, round trip", "[n
   CHECK(minimal.head_dim == 128);
   CHECK(minimal.num_key_value_heads == 32);
   CHECK(minimal.rope_theta == 10000.0);
+  CHECK(minimal.max_position_embeddings == 32768);
+  // Qwen2 takes an explicit head_dim too (transformers reads it when present).
+  auto qwen2_head = parse_decoder_config(R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 16,
+      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 12})", "q");
+  CHECK(qwen2_head.head_dim == 12);
+  CHECK(parse_decoder_config(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 16, "dtype": "bfloat16",
+      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})", "d").torch_dtype == "bfloat16");
 }
 
 TEST_CASE("Keys tessera does not implement are refused by name, not ignored", "[nn][decoder]") {
@@ -219,6 +228,8 @@ TEST_CASE("Weights of another shape or name are refused before any parameter cha
   refused("rotary_emb.inv_freq' is not a parameter");
   write_with([](auto& t) { t.emplace_back("model.layers.9.mlp.up_proj.weight", torch::zeros({4, 4})); });
   refused("model.layers.9.mlp.up_proj.weight' is not a parameter");
+  write_with([](auto& t) { t[2].second = t[2].second.to(torch::kLong); });
+  refused(tensors[2].first + "' is stored as I64");
 
   // A tied model takes an lm_head.weight only when it is the embedding.
   const auto tied = family_config("qwen2");

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <set>
 
 #include "actors/rollout/rollout_engine.h"
 #include "core/error.h"
@@ -24,11 +25,15 @@ const auto kEnv = transport::LaunchEnv::from_env();
 std::string model_dir(const std::string& family) {
   const auto dir = fs::temp_directory_path() /
                    ("tessera_rollout_" + family + "_" + std::to_string(::getppid()) + "_" + std::to_string(kEnv.rank));
-  if (!fs::exists(dir / "config.json")) {
+  static std::set<std::string> written;  // by this process (a stale directory of an old run is replaced)
+  if (written.insert(family).second) {
+    fs::remove_all(dir);
     nn::DecoderOptions o;
     o.init_std = 0.2;  // margins well above 1e-3 for most tokens
     o.seed = 21;
-    nn::DecoderLm(nn::testing::family_config(family), o).save_pretrained(dir.string());
+    nn::DecoderLm model(nn::testing::family_config(family), o);
+    nn::testing::randomize_norms_and_biases(model.module(), 22);
+    model.save_pretrained(dir.string());
   }
   return dir.string();
 }
@@ -127,10 +132,11 @@ TEST_CASE("Seeded sampling is reproducible; stop tokens end a sequence and are k
   CHECK(a.logprobs == b.logprobs);
   p.seed = 8;
   CHECK(rollout->generate(kPrompts, p).tokens != a.tokens);
-  // Only rank 0's prompts count: the others pass none.
+  // Only rank 0's prompts, parameters and cache choice count: the others pass anything.
   p.seed = 7;
-  const auto c = rollout->generate(kEnv.rank == 0 ? kPrompts : std::vector<std::vector<int64_t>>{}, p);
-  CHECK(c.tokens == a.tokens);
+  const auto c = rollout->generate(kEnv.rank == 0 ? kPrompts : std::vector<std::vector<int64_t>>{},
+                                   kEnv.rank == 0 ? p : nn::SamplingParams{}, /*use_kv_cache=*/kEnv.rank != 0);
+  CHECK(c.tokens == rollout->generate(kPrompts, p, false).tokens);
 
   // Stop at the token the first sequence samples third.
   p.stop_token_ids = {a.tokens[0][2]};
