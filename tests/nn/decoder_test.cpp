@@ -7,10 +7,17 @@
 #include <filesystem>
 #include <fstream>
 
+#include <limits>
+
+#include "core/affine/builders.h"
+#include "core/affine/local_executor.h"
+#include "core/affine/planner.h"
+#include "core/affine/validate.h"
 #include "core/error.h"
 #include "core/io/safetensors.h"
 #include "core/io/weight_directory.h"
 #include "core/nn/decoder.h"
+#include "core/nn/tp_maps.h"
 #include "tests/nn/decoder_models.h"
 
 namespace fs = std::filesystem;
@@ -281,4 +288,63 @@ TEST_CASE("KV cache steps equal the full recompute; padded rows equal the rows a
     bad[0][0] = c.vocab_size;
     TESSERA_CHECK_THROWS(model.forward(bad), tessera::Error, Catch::Matchers::Contains("outside the vocabulary"));
   }
+}
+
+TEST_CASE("TP storage maps are valid and move a whole model into exactly each rank's cut", "[nn][decoder][tp][affine]") {
+  for (const auto& [family, text] : family_configs()) {
+    const auto c = parse_decoder_config(text, family);
+    DecoderLm whole(c);
+    testing::randomize_norms_and_biases(whole.module(), 3);
+    const auto full = parameters_of(whole);
+    for (int tp : {1, 2, 4}) {
+      INFO(family << " TP " << tp);
+      for (const auto& [name, tensor] : full) {
+        INFO(name);
+        const auto map = decoder_tp_map(c, name, tp, tessera::affine::DType::f32);
+        tessera::affine::validate_map(map);
+        // Oracle: cut_shard of the whole tensor. Targets start as NaN; padding rows stay NaN (outside the map).
+        const auto source = tessera::affine::replicated({name, tessera::affine::DType::f32, map.shape}, 1);
+        const auto plan = tessera::affine::plan(map, source);
+        std::vector<torch::Tensor> locals;
+        tessera::affine::LocalTransfer t;
+        t.plan = &plan;
+        auto src = tensor.contiguous();
+        t.source_buffers[0] = {src.data_ptr(), src.numel(), tessera::affine::DType::f32};
+        for (int r = 0; r < tp; ++r) {
+          const auto s = decoder_tp_shard(c, name, r, tp);
+          auto local = cut_shard(tensor, s).fill_(std::numeric_limits<float>::quiet_NaN());
+          locals.push_back(local);
+          t.target_buffers[r] = {local.data_ptr(), local.numel(), tessera::affine::DType::f32};
+        }
+        tessera::affine::execute_local({t});
+        for (int r = 0; r < tp; ++r) {
+          const auto s = decoder_tp_shard(c, name, r, tp);
+          auto expected = cut_shard(tensor, s), got = locals[size_t(r)];
+          if (s.dim >= 0 && s.local_length > s.length) {
+            CHECK(torch::isnan(got.narrow(s.dim, s.length, s.local_length - s.length)).all().item<bool>());
+            expected = expected.narrow(s.dim, 0, s.length), got = got.narrow(s.dim, 0, s.length);
+          }
+          CHECK(torch::equal(got, expected));
+        }
+      }
+    }
+  }
+  // Negative control: two ranks' k_proj pieces swapped (each claims the other's heads) is still a
+  // valid map, so only the cut oracle can tell: it must.
+  const auto c = family_config("llama");
+  const std::string name = "model.layers.0.self_attn.k_proj.weight";
+  auto map = decoder_tp_map(c, name, 2, tessera::affine::DType::f32);
+  std::swap(map.ranks[0].pieces[0].box, map.ranks[1].pieces[0].box);
+  tessera::affine::validate_map(map);
+  auto tensor = torch::randn({c.kv_width(), c.hidden_size});
+  const auto plan = tessera::affine::plan(map, tessera::affine::replicated({name, tessera::affine::DType::f32, map.shape}, 1));
+  tessera::affine::LocalTransfer t;
+  t.plan = &plan;
+  t.source_buffers[0] = {tensor.data_ptr(), tensor.numel(), tessera::affine::DType::f32};
+  auto local = torch::empty({c.kv_width() / 2, c.hidden_size});
+  t.target_buffers[0] = {local.data_ptr(), local.numel(), tessera::affine::DType::f32};
+  auto other = torch::empty_like(local);
+  t.target_buffers[1] = {other.data_ptr(), other.numel(), tessera::affine::DType::f32};
+  tessera::affine::execute_local({t});
+  CHECK_FALSE(torch::equal(local, cut_shard(tensor, decoder_tp_shard(c, name, 0, 2))));
 }
