@@ -54,6 +54,8 @@ class RolloutEngine {
   // 0 until weights arrived (created from a config alone): generate() refuses to run on the
   // random initialisation. Each complete load (or, later, sync) adds 1.
   uint64_t weight_version() const { return weight_version_; }
+  // For the rollout sink: a complete sync has written every parameter of model(); version + 1.
+  uint64_t publish_synced_weights() { return ++weight_version_; }
 
   int tp_rank() const;
   int tp_size() const;

@@ -1,0 +1,227 @@
+#include "actors/rollout/weight_sync.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <map>
+
+#include "actors/actor_runtime.h"
+#include "actors/engine/engine.h"
+#include "actors/rollout/rollout_engine.h"
+#include "core/affine/planner.h"
+#include "core/affine/serialize.h"
+#include "core/error.h"
+#include "core/nn/decoder.h"
+#include "core/nn/tensor_parallel.h"
+#include "core/nn/tp_maps.h"
+#include "transport/affine/remote_executor.h"
+#include "transport/store.h"
+#include "transport/ucx/ucx_context.h"
+#include "transport/ucx/ucx_peers.h"
+
+namespace tessera {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// What both sides share: UCX to the other job, the store namespace of this session, the plans.
+struct SyncLink {
+  WeightSyncOptions options;
+  bool training = false;
+  int rank = 0, size = 0, peer_size = 0;
+  std::shared_ptr<transport::Store> shared;  // "shared/sync/<session>/"
+  std::unique_ptr<transport::UcxContext> context;
+  std::unique_ptr<transport::UcxPeers> peers;
+  std::unique_ptr<transport::RemoteExecutor> executor;
+  std::vector<affine::TensorMap> sources, targets;  // per parameter, decoder_parameter_shapes order
+  std::vector<affine::Plan> plans;
+  bool planned = false;
+
+  SyncLink(const WeightSyncOptions& o, bool is_training, int my_rank, int my_size) : options(o), training(is_training),
+      rank(my_rank), size(my_size) {
+    if (o.train_job.empty() || o.rollout_job.empty() || o.train_job == o.rollout_job)
+      throw ConfigError("weight sync: train_job and rollout_job must name the two jobs (got '" + o.train_job + "', '" +
+                        o.rollout_job + "')");
+    shared = actors::job_store()->shared("sync/" + o.session);
+  }
+
+  // After agree_on_config: UCX endpoints to the other job and the executor.
+  void connect() {
+    context = std::make_unique<transport::UcxContext>(transport::UcxContextOptions{});
+    peers = std::make_unique<transport::UcxPeers>(*context, actors::job_store(),
+                                                  training ? options.train_job : options.rollout_job, rank, size,
+                                                  "sync/" + options.session);
+    peer_size = peers->connect(training ? options.rollout_job : options.train_job);
+    transport::RemoteExecutorOptions eo;
+    eo.staging_bytes = options.staging_bytes;
+    eo.timeout = options.timeout;
+    executor = std::make_unique<transport::RemoteExecutor>(*peers, "sync/" + options.session, eo);
+  }
+
+  // Both configs, compared on both sides through the store before any UCX endpoint exists: each
+  // side publishes its config and size, reads the other's, acknowledges, and waits for every rank
+  // of the other side to have acknowledged; only then does it refuse a mismatch (with the same
+  // message on both sides) or go on. So no side leaves while the other still needs it.
+  void agree_on_config(const nn::DecoderConfig& mine) {
+    const std::string role = training ? "train" : "rollout", peer_role = training ? "rollout" : "train";
+    const std::string own = nn::decoder_config_json(mine);
+    if (rank == 0) {
+      shared->set(role + "_config", own);
+      shared->set(role + "_size", std::to_string(size));
+    }
+    std::string theirs;
+    try {
+      theirs = shared->get_string(peer_role + "_config", options.timeout);
+      peer_size = std::stoi(shared->get_string(peer_role + "_size", options.timeout));
+      shared->set("ack/" + role + "/" + std::to_string(rank), "1");
+      std::vector<std::string> acks;
+      for (int r = 0; r < peer_size; ++r) acks.push_back("ack/" + peer_role + "/" + std::to_string(r));
+      shared->wait(acks, options.timeout);
+    } catch (const TimeoutError&) {
+      throw TimeoutError("weight sync '" + options.session + "': the " + (training ? "rollout" : "training") +
+                         " job did not meet within " + std::to_string(options.timeout.count()) +
+                         " ms (is it up, with the same store, secret and session?)");
+    }
+    if (theirs != own) {
+      const auto& train = training ? own : theirs;
+      const auto& rollout = training ? theirs : own;
+      throw ConfigError("weight sync '" + options.session + "': the two jobs' models differ; training job '" +
+                        options.train_job + "' has " + train + "rollout job '" + options.rollout_job + "' has " +
+                        rollout);
+    }
+  }
+
+  void plan_all() {
+    plans.clear();
+    for (size_t i = 0; i < targets.size(); ++i) plans.push_back(affine::plan(targets[i], sources[i]));
+    planned = true;
+  }
+
+  std::vector<transport::RemoteTransfer> batch_skeleton() const {
+    std::vector<transport::RemoteTransfer> batch(plans.size());
+    const int train_size = training ? size : peer_size, rollout_size = training ? peer_size : size;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      batch[i].plan = &plans[i];
+      for (int r = 0; r < train_size; ++r) batch[i].source_processes.push_back({options.train_job, r});
+      for (int r = 0; r < rollout_size; ++r) batch[i].target_processes.push_back({options.rollout_job, r});
+    }
+    return batch;
+  }
+};
+
+affine::DType affine_dtype(at::ScalarType t, const std::string& what) {
+  if (t == at::kFloat) return affine::DType::f32;
+  throw ConfigError("weight sync: " + what + " is " + std::string(c10::toString(t)) +
+                    "; this increment syncs fp32 weights only (casts to bf16 come next)");
+}
+
+}  // namespace
+
+struct WeightSender::Impl {
+  std::unique_ptr<SyncLink> link;
+  EngineStorage storage;
+  std::vector<std::string> buffer_of;  // per parameter, its key in storage.buffers
+};
+
+WeightSender::WeightSender(Engine& engine, const nn::DecoderConfig& config, const WeightSyncOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->link = std::make_unique<SyncLink>(options, true, engine.rank(), engine.world_size());
+  auto& link = *impl_->link;
+  impl_->storage = engine.storage_maps();
+  std::map<std::string, const StoredTensorMap*> weights;
+  for (const auto& m : impl_->storage.maps)
+    if (m.kind == "param") weights[m.map.name] = &m;
+  for (const auto& [name, shape] : nn::decoder_parameter_shapes(config)) {
+    auto it = weights.find(name);
+    if (it == weights.end())
+      throw ConfigError("weight sync: the training engine has no parameter '" + name + "' of the " +
+                        config.model_type() + " config");
+    affine_dtype(impl_->storage.buffers.at(it->second->buffer).scalar_type(), "training parameter '" + name + "'");
+    link.sources.push_back(it->second->map);
+    impl_->buffer_of.push_back(it->second->buffer);
+  }
+  if (weights.size() != link.sources.size())
+    throw ConfigError("weight sync: the training engine holds " + std::to_string(weights.size()) +
+                      " parameters, the config names " + std::to_string(link.sources.size()));
+  link.agree_on_config(config);
+  link.connect();
+  if (link.rank == 0) link.shared->set("source_maps", affine::maps_to_json(link.sources));
+  link.sources = affine::maps_from_json(affine::maps_to_json(link.sources));  // exactly what the sink reads
+  for (const auto& [name, shape] : nn::decoder_parameter_shapes(config))
+    link.targets.push_back(nn::decoder_tp_map(config, name, link.peer_size, affine::DType::f32));
+}
+
+WeightSender::~WeightSender() = default;
+
+WeightSyncStats WeightSender::sync() {
+  auto& link = *impl_->link;
+  WeightSyncStats stats;
+  if (!link.planned) {
+    const auto t = std::chrono::steady_clock::now();
+    link.plan_all();
+    stats.plan_ms = ms_since(t);
+  }
+  auto batch = link.batch_skeleton();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto& buffer = impl_->storage.buffers.at(impl_->buffer_of[i]);
+    batch[i].source_buffers[link.rank] = {buffer.data_ptr(), buffer.numel(), affine::DType::f32};
+  }
+  const auto t = std::chrono::steady_clock::now();
+  const auto s = link.executor->execute(batch);
+  stats.sync_ms = ms_since(t);
+  stats.bytes_sent = s.bytes_sent, stats.puts = s.puts;
+  return stats;
+}
+
+struct RolloutSink::Impl {
+  std::unique_ptr<SyncLink> link;
+  RolloutEngine* rollout = nullptr;
+  std::vector<torch::Tensor> params;  // per parameter, this TP rank's local tensor
+};
+
+RolloutSink::RolloutSink(RolloutEngine& rollout, const WeightSyncOptions& options) : impl_(std::make_unique<Impl>()) {
+  impl_->rollout = &rollout;
+  impl_->link = std::make_unique<SyncLink>(options, false, rollout.tp_rank(), rollout.tp_size());
+  auto& link = *impl_->link;
+  const auto& config = rollout.config();
+  link.agree_on_config(config);
+  link.connect();
+  auto named = rollout.model().module()->named_parameters();
+  for (const auto& [name, shape] : nn::decoder_parameter_shapes(config)) {
+    auto p = named[name];
+    affine_dtype(p.scalar_type(), "rollout parameter '" + name + "'");
+    impl_->params.push_back(p);
+    link.targets.push_back(nn::decoder_tp_map(config, name, link.size, affine::DType::f32));
+  }
+  link.sources = affine::maps_from_json(link.shared->get_string("source_maps", options.timeout));
+  if (link.sources.size() != link.targets.size())
+    throw ConfigError("weight sync: the training job sends " + std::to_string(link.sources.size()) +
+                      " parameters, the rollout model has " + std::to_string(link.targets.size()));
+}
+
+RolloutSink::~RolloutSink() = default;
+
+WeightSyncStats RolloutSink::receive() {
+  auto& link = *impl_->link;
+  WeightSyncStats stats;
+  if (!link.planned) {
+    const auto t = std::chrono::steady_clock::now();
+    link.plan_all();
+    stats.plan_ms = ms_since(t);
+  }
+  auto batch = link.batch_skeleton();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto& p = impl_->params[i];
+    batch[i].target_buffers[link.rank] = {p.data_ptr(), p.numel(), affine::DType::f32};
+  }
+  const auto t = std::chrono::steady_clock::now();
+  const auto s = link.executor->execute(batch);
+  stats.sync_ms = ms_since(t);
+  stats.bytes_sent = s.bytes_received, stats.puts = s.puts, stats.wire_to_useful = s.wire_to_useful;
+  stats.version = impl_->rollout->publish_synced_weights();
+  return stats;
+}
+
+}  // namespace tessera

@@ -1,0 +1,76 @@
+// Training -> rollout weight sync: the training job's weights, read straight from the ZeRO
+// engine's flat buffers, move over UCX into a RolloutEngine's tensor-parallel shards, planned once
+// from affine maps (Engine::storage_maps() as sources, core/nn/tp_maps.h as targets) and replayed
+// at every sync. No rank ever materialises a whole parameter.
+//
+//   training job, every rank:   WeightSender sender(*engine, config, {.train_job = "train", .rollout_job = "rollout"});
+//                               ... train ...; sender.sync();
+//   rollout job, every rank:    RolloutSink sink(*rollout, {.train_job = "train", .rollout_job = "rollout"});
+//                               sink.receive();   // blocks until the training side syncs; version + 1
+//
+// The two jobs meet in one store (the rollout job joins the training job's store server with the
+// same secret, as tests/transport/two_jobs.py starts them) and in UCX. At construction, which
+// is collective over both jobs, each side publishes its model config and the training side its
+// source maps; both sides compare the configs and refuse a mismatch with the same error, before
+// any byte moves. Each sync is one RemoteExecutor batch (it agrees on the plans' digests on every
+// process first). This increment syncs in place (generation must not run during receive()), fp32
+// weights only, the whole model each time; hashes, double buffering, casts and delta syncs are
+// the next increments (issue 11).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tessera {
+
+class Engine;
+class RolloutEngine;
+namespace nn {
+struct DecoderConfig;
+}
+
+struct WeightSyncOptions {
+  std::string train_job;    // TESSERA_JOB of each job
+  std::string rollout_job;
+  std::string session = "weights";  // several senders/sinks may coexist under other names
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+  int64_t staging_bytes = int64_t{64} << 20;  // in flight per process per round
+};
+
+struct WeightSyncStats {
+  uint64_t version = 0;         // the rollout weight version this sync produced
+  int64_t bytes_sent = 0;       // by this process (training) / received (rollout)
+  int64_t puts = 0;
+  double plan_ms = 0;           // building the plans (first sync only; 0 after)
+  double sync_ms = 0;           // the transfer batch
+  double wire_to_useful = 0;    // rollout side
+};
+
+class WeightSender {
+ public:
+  // Collective over both jobs. `config` is the trained model's (DecoderLm's) config.
+  WeightSender(Engine& engine, const nn::DecoderConfig& config, const WeightSyncOptions& options);
+  ~WeightSender();
+  WeightSyncStats sync();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class RolloutSink {
+ public:
+  RolloutSink(RolloutEngine& rollout, const WeightSyncOptions& options);
+  ~RolloutSink();
+  WeightSyncStats receive();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera

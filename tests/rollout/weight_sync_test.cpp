@@ -1,0 +1,167 @@
+// Training -> rollout sync across two jobs started by tests/transport/two_jobs.py (roles "train"
+// and "rollout" in TESSERA_UCX_ROLE): a DP-2 ZeRO engine at stages 1 and 2 trains a Llama (every
+// bias, 2 KV heads) and a Qwen2 (tied, 1 KV head: replicated at TP 4, padded vocabulary), syncs
+// into a RolloutEngine at TP 2 or 4 whose weights start as NaN, twice (plans reused). Oracle: after
+// each sync the training job's rank 0 saves the model as safetensors; the rollout ranks load it
+// whole, cut their shards (cut_shard) and compare bit for bit. Padding rows stay outside the map.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "actors/engine/engine.h"
+#include "actors/rollout/rollout_engine.h"
+#include "actors/rollout/weight_sync.h"
+#include "core/config/load.h"
+#include "core/nn/decoder.h"
+#include "tests/nn/decoder_models.h"
+#include "transport/launch_env.h"
+#include "transport/store.h"
+#include "actors/actor_runtime.h"
+
+namespace fs = std::filesystem;
+using namespace tessera;
+
+namespace {
+
+const auto kEnv = transport::LaunchEnv::from_env();
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+const bool kTraining = env("TESSERA_UCX_ROLE") == "train";
+
+std::string engine_toml(int stage) {
+  return "train_micro_batch_size_per_gpu = 2\ngradient_accumulation_steps = 1\n[optimizer]\ntype = \"AdamW\"\n"
+         "[optimizer.params]\nlr = 1e-2\n[zero_optimization]\nstage = " + std::to_string(stage) +
+         "\nreduce_bucket_size = 4000\n[tessera.transport]\ncollective_timeout_ms = 60000\n";
+}
+
+fs::path oracle_dir(const std::string& session, int round) {
+  return fs::temp_directory_path() / ("tessera_sync_" + env("MASTER_PORT") + "_" + session + "_" + std::to_string(round));
+}
+
+WeightSyncOptions sync_options(const std::string& session) {
+  WeightSyncOptions o;
+  o.train_job = kTraining ? kEnv.job : env("TESSERA_PEER_JOB");
+  o.rollout_job = kTraining ? env("TESSERA_PEER_JOB") : kEnv.job;
+  o.session = session;
+  o.timeout = std::chrono::seconds(90);
+  return o;
+}
+
+void train(const std::string& family, int stage, const std::string& session) {
+  auto config = nn::testing::family_config(family);
+  nn::DecoderOptions o;
+  o.seed = 31;
+  nn::DecoderLm model(config, o);
+  nn::testing::randomize_norms_and_biases(model.module(), 32);
+  auto engine =
+      initialize(model.module(), config::load_config_text(engine_toml(stage), config::Format::toml, "sync_test")).engine;
+  WeightSender sender(*engine, config, sync_options(session));
+  auto marks = actors::job_store()->shared("synctest/" + session);
+  for (int round = 0; round < 2; ++round) {
+    for (int step = 0; step < 2; ++step) {
+      auto g = at::detail::createCPUGenerator(uint64_t(1000 * round + 10 * step + kEnv.rank));
+      auto tokens = torch::randint(0, config.vocab_size, {2, 13}, g, torch::kLong);
+      engine->backward(model.loss(tokens.narrow(1, 0, 12), tokens.narrow(1, 1, 12)));
+      engine->step();
+    }
+    const auto stats = sender.sync();
+    if (kEnv.rank == 0)
+      std::printf("%s round %d: sent %lld bytes in %lld puts, plan %.1f ms, sync %.1f ms\n", session.c_str(), round,
+                  static_cast<long long>(stats.bytes_sent), static_cast<long long>(stats.puts), stats.plan_ms, stats.sync_ms);
+    CHECK((round == 0) == (stats.plan_ms > 0));
+    if (kEnv.rank == 0) {
+      model.save_pretrained(oracle_dir(session, round).string());
+      marks->set("saved" + std::to_string(round), "1");
+    }
+  }
+}
+
+void receive(const std::string& family, const std::string& session) {
+  const auto config = nn::testing::family_config(family);
+  const auto dir = fs::temp_directory_path() / ("tessera_sync_cfg_" + env("MASTER_PORT") + "_" + std::to_string(kEnv.rank));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << nn::decoder_config_json(config);
+  RolloutOptions ro;
+  ro.config_path = (dir / "config.json").string();
+  auto rollout = RolloutEngine::create(ro);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : rollout->model().module()->parameters()) p.fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  RolloutSink sink(*rollout, sync_options(session));
+  auto marks = actors::job_store()->shared("synctest/" + session);
+  std::map<std::string, torch::Tensor> previous;
+  for (int round = 0; round < 2; ++round) {
+    const auto stats = sink.receive();
+    CHECK(stats.version == uint64_t(round + 1));
+    CHECK(stats.wire_to_useful == 1.0);
+    marks->get("saved" + std::to_string(round), std::chrono::seconds(90));
+    const auto oracle = nn::load_pretrained(oracle_dir(session, round).string());
+    auto mine = rollout->model().module()->named_parameters();
+    int64_t compared = 0;
+    for (const auto& item : oracle.module()->named_parameters()) {
+      const auto& name = item.key();
+      INFO(session << " round " << round << " " << name << " TP rank " << kEnv.rank);
+      const auto shard = nn::decoder_tp_shard(config, name, kEnv.rank, kEnv.world_size);
+      auto expected = nn::cut_shard(item.value().detach(), shard), got = mine[name].detach();
+      if (shard.dim >= 0 && shard.local_length > shard.length) {
+        CHECK(torch::isnan(got.narrow(shard.dim, shard.length, shard.local_length - shard.length)).all().item<bool>());
+        expected = expected.narrow(shard.dim, 0, shard.length), got = got.narrow(shard.dim, 0, shard.length);
+      }
+      CHECK(torch::equal(got, expected));  // bitwise; NaN anywhere would fail
+      if (round == 1) CHECK_FALSE(torch::equal(got, previous.at(name)));  // training moved every weight
+      previous[name] = got.clone();
+      compared += got.numel();
+    }
+    CHECK(compared > 0);
+    // The synced weights generate.
+    nn::SamplingParams greedy;
+    greedy.temperature = 0, greedy.max_new_tokens = 4, greedy.ignore_eos = true;
+    const auto out = rollout->generate({{3, 4, 5}, {6}}, greedy);
+    for (const auto& lps : out.logprobs)
+      for (float lp : lps) CHECK(std::isfinite(lp));
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for bit, twice", "[.sync]") {
+  for (const std::string family : {"llama", "qwen2"}) {
+    for (int stage : {1, 2}) {
+      const auto session = family + "_stage" + std::to_string(stage);
+      if (kTraining) train(family, stage, session);
+      else receive(family, session);
+    }
+  }
+  // Different models on the two sides: both refuse, with the same message, before any byte moves.
+  if (kTraining) {
+    auto config = nn::testing::family_config("llama");
+    nn::DecoderLm model(config);
+    auto engine =
+        initialize(model.module(), config::load_config_text(engine_toml(1), config::Format::toml, "sync_test")).engine;
+    CHECK_THROWS_WITH(WeightSender(*engine, config, sync_options("mismatch")),
+                      Catch::Contains("the two jobs' models differ") && Catch::Contains("qwen3"));
+  } else {
+    const auto dir = fs::temp_directory_path() / ("tessera_sync_cfg_" + env("MASTER_PORT") + "_" + std::to_string(kEnv.rank));
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << nn::decoder_config_json(nn::testing::family_config("qwen3"));
+    RolloutOptions ro;
+    ro.config_path = (dir / "config.json").string();
+    auto rollout = RolloutEngine::create(ro);
+    CHECK_THROWS_WITH(RolloutSink(*rollout, sync_options("mismatch")),
+                      Catch::Contains("the two jobs' models differ") && Catch::Contains("llama"));
+    fs::remove_all(dir);
+  }
+  if (!kTraining && kEnv.rank == 0)
+    for (const std::string family : {"llama", "qwen2"})
+      for (int stage : {1, 2})
+        for (int round : {0, 1}) fs::remove_all(oracle_dir(family + "_stage" + std::to_string(stage), round));
+}
