@@ -130,6 +130,7 @@ void RolloutEngine::load_weights(const std::string& dir) {
     if (written) weight_version_ = 0;
     throw CheckpointError(error);
   }
+  weights_torn_ = false;
   ++weight_version_;
 }
 
@@ -137,6 +138,9 @@ nn::GenerationResult RolloutEngine::generate(const std::vector<std::vector<int64
                                              const nn::SamplingParams& params, bool use_kv_cache) {
   if (weight_version_ == 0)
     throw Error("RolloutEngine::generate: no weights yet (created from a config alone; load_weights or a sync first)");
+  if (weights_torn_)
+    throw Error("RolloutEngine::generate: the last weight sync (in place) failed; waiting for a good one (version " +
+                std::to_string(weight_version_) + " is partly overwritten)");
   if (!group_) return nn::generate(*model_, prompts, params, use_kv_cache);
   // Rank 0's request, everywhere: its length, then its words.
   std::vector<int64_t> words;

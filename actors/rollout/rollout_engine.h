@@ -54,8 +54,16 @@ class RolloutEngine {
   // 0 until weights arrived (created from a config alone): generate() refuses to run on the
   // random initialisation. Each complete load (or, later, sync) adds 1.
   uint64_t weight_version() const { return weight_version_; }
-  // For the rollout sink: a complete sync has written every parameter of model(); version + 1.
-  uint64_t publish_synced_weights() { return ++weight_version_; }
+  // For the rollout sink: a complete, verified sync has written every parameter of model():
+  // version + 1, generation may go on.
+  uint64_t publish_synced_weights() {
+    weights_torn_ = false;
+    return ++weight_version_;
+  }
+  // For the rollout sink: a sync into model() in place failed; generate() refuses until the next
+  // good one (the weights may be a mix of two versions).
+  void mark_weights_torn() { weights_torn_ = true; }
+  bool weights_torn() const { return weights_torn_; }
 
   int tp_rank() const;
   int tp_size() const;
@@ -67,6 +75,7 @@ class RolloutEngine {
   std::shared_ptr<transport::Communicator> group_;
   std::unique_ptr<nn::DecoderLm> model_;
   uint64_t weight_version_ = 0;
+  bool weights_torn_ = false;
 };
 
 }  // namespace tessera

@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <map>
+#include <sstream>
 
 #include "actors/actor_runtime.h"
 #include "actors/engine/engine.h"
 #include "actors/rollout/rollout_engine.h"
 #include "core/affine/planner.h"
+#include "core/affine/segment_digest.h"
 #include "core/affine/serialize.h"
 #include "core/error.h"
 #include "core/nn/decoder.h"
@@ -38,6 +40,7 @@ struct SyncLink {
   std::vector<affine::TensorMap> sources, targets;  // per parameter, decoder_parameter_shapes order
   std::vector<affine::Plan> plans;
   bool planned = false;
+  uint64_t syncs = 0;  // completed sync attempts, the same count on both sides
 
   SyncLink(const WeightSyncOptions& o, bool is_training, int my_rank, int my_size) : options(o), training(is_training),
       rank(my_rank), size(my_size) {
@@ -97,6 +100,57 @@ struct SyncLink {
     plans.clear();
     for (size_t i = 0; i < targets.size(); ++i) plans.push_back(affine::plan(targets[i], sources[i]));
     planned = true;
+  }
+
+  // The training side publishes, per rollout rank, the digests of what it sent there; each rollout
+  // rank compares them with what it holds and publishes its verdict ("" = verified); every rank of
+  // both jobs then reads every verdict and throws the same error when one failed.
+  void publish_source_digests(const std::vector<transport::RemoteTransfer>& batch) {
+    std::map<int, std::string> per_target;  // "<plan>:<hex> ..." per rollout rank
+    for (size_t i = 0; i < batch.size(); ++i)
+      for (const auto& [pair, digest] : affine::segment_digests(plans[i], batch[i].source_buffers, true))
+        per_target[pair.second] += std::to_string(i) + ":" + affine::hex_digest(digest) + " ";
+    const int rollout_size = peer_size;
+    for (int t = 0; t < rollout_size; ++t)
+      shared->set(key("digests", std::to_string(rank) + "/" + std::to_string(t)), per_target[t]);
+  }
+
+  std::string verify_target_digests(const std::vector<transport::RemoteTransfer>& batch) {
+    std::map<std::pair<size_t, int>, uint64_t> mine;  // (plan, training rank) -> digest
+    for (size_t i = 0; i < batch.size(); ++i)
+      for (const auto& [pair, digest] : affine::segment_digests(plans[i], batch[i].target_buffers, false))
+        mine[{i, pair.first}] = digest;
+    std::string problems;
+    for (int s = 0; s < peer_size; ++s) {
+      std::map<size_t, std::string> sent;
+      std::istringstream in(shared->get_string(key("digests", std::to_string(s) + "/" + std::to_string(rank)), options.timeout));
+      for (std::string item; in >> item;) sent[std::stoul(item.substr(0, item.find(':')))] = item.substr(item.find(':') + 1);
+      for (const auto& [plan_and_rank, digest] : mine) {
+        if (plan_and_rank.second != s) continue;
+        auto it = sent.find(plan_and_rank.first);
+        if (it == sent.end() || it->second != affine::hex_digest(digest))
+          problems += "tensor '" + plans[plan_and_rank.first].name + "' from training rank " + std::to_string(s) +
+                      " to rollout rank " + std::to_string(rank) + ": digest " + affine::hex_digest(digest) +
+                      " received, " + (it == sent.end() ? std::string("none") : it->second) + " sent; ";
+      }
+    }
+    return problems;
+  }
+
+  // Every rollout rank's verdict, read by every rank of both jobs.
+  std::string all_verdicts(const std::string& mine_if_rollout) {
+    if (!training) shared->set(key("verdict", std::to_string(rank)), mine_if_rollout.empty() ? "ok" : mine_if_rollout);
+    const int rollout_size = training ? peer_size : size;
+    std::string failures;
+    for (int r = 0; r < rollout_size; ++r) {
+      const auto v = shared->get_string(key("verdict", std::to_string(r)), options.timeout);
+      if (v != "ok") failures += v;
+    }
+    return failures;
+  }
+
+  std::string key(const std::string& what, const std::string& rest) const {
+    return what + "/" + std::to_string(syncs) + "/" + rest;
   }
 
   std::vector<transport::RemoteTransfer> batch_skeleton() const {
@@ -172,6 +226,14 @@ WeightSyncStats WeightSender::sync() {
   const auto s = link.executor->execute(batch);
   stats.sync_ms = ms_since(t);
   stats.bytes_sent = s.bytes_sent, stats.puts = s.puts;
+  const auto v = std::chrono::steady_clock::now();
+  link.publish_source_digests(batch);
+  const auto failures = link.all_verdicts("");
+  stats.verify_ms = ms_since(v);
+  ++link.syncs;
+  if (!failures.empty())
+    throw TransportError("weight sync '" + link.options.session + "': the rollout job did not verify sync " +
+                         std::to_string(link.syncs) + ": " + failures);
   return stats;
 }
 
@@ -216,10 +278,20 @@ WeightSyncStats RolloutSink::receive() {
     auto& p = impl_->params[i];
     batch[i].target_buffers[link.rank] = {p.data_ptr(), p.numel(), affine::DType::f32};
   }
+  impl_->rollout->mark_weights_torn();  // in place: from the first byte until verified
   const auto t = std::chrono::steady_clock::now();
   const auto s = link.executor->execute(batch);
   stats.sync_ms = ms_since(t);
   stats.bytes_sent = s.bytes_received, stats.puts = s.puts, stats.wire_to_useful = s.wire_to_useful;
+  if (link.options.tamper_for_testing)
+    for (size_t i = 0; i < impl_->params.size(); ++i) link.options.tamper_for_testing(link.plans[i].name, impl_->params[i]);
+  const auto v = std::chrono::steady_clock::now();
+  const auto failures = link.all_verdicts(link.verify_target_digests(batch));
+  stats.verify_ms = ms_since(v);
+  ++link.syncs;
+  if (!failures.empty())
+    throw TransportError("weight sync '" + link.options.session + "': sync " + std::to_string(link.syncs) +
+                         " failed verification, generation paused until a good sync: " + failures);
   stats.version = impl_->rollout->publish_synced_weights();
   return stats;
 }

@@ -13,13 +13,20 @@
 // is collective over both jobs, each side publishes its model config and the training side its
 // source maps; both sides compare the configs and refuse a mismatch with the same error, before
 // any byte moves. Each sync is one RemoteExecutor batch (it agrees on the plans' digests on every
-// process first). This increment syncs in place (generation must not run during receive()), fp32
-// weights only, the whole model each time; hashes, double buffering, casts and delta syncs are
-// the next increments (issue 11).
+// process first), then verified: both ends hash the bytes of every (training rank, rollout rank)
+// pair of every tensor in the same order (core/affine/segment_digest.h) and the rollout ranks
+// compare; every rank of both jobs learns every verdict, so a mismatch (naming the tensor and both
+// ranks) fails the sync on all of them alike. Only a verified sync publishes a new weight version;
+// a failed one leaves the rollout engine refusing to generate until the next good sync.
+// This increment syncs in place (generation must not run during receive()), fp32 weights only,
+// the whole model each time; double buffering, casts and delta syncs are the next increments.
 #pragma once
+
+#include <ATen/core/Tensor.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,6 +44,9 @@ struct WeightSyncOptions {
   std::string session = "weights";  // several senders/sinks may coexist under other names
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
   int64_t staging_bytes = int64_t{64} << 20;  // in flight per process per round
+  // Tests only (the sink): called on each received local tensor after the transfer and before
+  // the hashes, to show that a corrupted byte is caught.
+  std::function<void(const std::string& name, at::Tensor& local)> tamper_for_testing;
 };
 
 struct WeightSyncStats {
@@ -45,6 +55,7 @@ struct WeightSyncStats {
   int64_t puts = 0;
   double plan_ms = 0;           // building the plans (first sync only; 0 after)
   double sync_ms = 0;           // the transfer batch
+  double verify_ms = 0;         // hashing both ends and agreeing on the verdict
   double wire_to_useful = 0;    // rollout side
 };
 

@@ -141,6 +141,49 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
       else receive(family, session);
     }
   }
+  // A corrupted byte on one rollout rank is caught by the hashes on every rank of both jobs; that
+  // rank's engine refuses to generate until the next, good, sync.
+  {
+    const std::string session = "tampered";
+    auto options = sync_options(session);
+    auto armed = std::make_shared<bool>(false);  // the second sync only
+    if (!kTraining && kEnv.rank == kEnv.world_size - 1)
+      options.tamper_for_testing = [armed](const std::string& name, at::Tensor& local) {
+        if (*armed && name == "model.layers.1.mlp.down_proj.weight") reinterpret_cast<uint8_t*>(local.data_ptr())[5] ^= 0x10;
+      };
+    const auto config = nn::testing::family_config("llama");
+    if (kTraining) {
+      nn::DecoderLm model(config);
+      auto engine =
+          initialize(model.module(), config::load_config_text(engine_toml(2), config::Format::toml, "sync_test")).engine;
+      WeightSender sender(*engine, config, options);
+      sender.sync();
+      CHECK_THROWS_WITH(sender.sync(), Catch::Contains("did not verify") &&
+                                           Catch::Contains("model.layers.1.mlp.down_proj.weight") &&
+                                           Catch::Contains("to rollout rank "));
+      CHECK(sender.sync().bytes_sent >= 0);  // the next sync is good again
+    } else {
+      const auto dir = fs::temp_directory_path() / ("tessera_sync_cfg_" + env("MASTER_PORT") + "_" + std::to_string(kEnv.rank));
+      fs::create_directories(dir);
+      std::ofstream(dir / "config.json") << nn::decoder_config_json(config);
+      RolloutOptions ro;
+      ro.config_path = (dir / "config.json").string();
+      auto rollout = RolloutEngine::create(ro);
+      RolloutSink sink(*rollout, options);
+      CHECK(sink.receive().version == 1);
+      *armed = true;
+      CHECK_THROWS_WITH(sink.receive(), Catch::Contains("failed verification") &&
+                                            Catch::Contains("model.layers.1.mlp.down_proj.weight"));
+      CHECK(rollout->weights_torn());
+      CHECK(rollout->weight_version() == 1);
+      CHECK_THROWS_WITH(rollout->generate({{1}}, {}), Catch::Contains("last weight sync (in place) failed"));
+      *armed = false;
+      CHECK(sink.receive().version == 2);
+      CHECK_FALSE(rollout->weights_torn());
+      CHECK(rollout->generate({{1}}, {}).tokens.size() == 1);
+      fs::remove_all(dir);
+    }
+  }
   // Different models on the two sides: both refuse, with the same message, before any byte moves.
   if (kTraining) {
     auto config = nn::testing::family_config("llama");
