@@ -68,6 +68,7 @@ class RolloutEngine {
   int tp_rank() const;
   int tp_size() const;
   const nn::DecoderConfig& config() const { return model_->config(); }
+  at::ScalarType dtype() const { return model_->dtype(); }
   nn::DecoderLm& model() { return *model_; }
 
  private:

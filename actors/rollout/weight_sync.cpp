@@ -167,8 +167,13 @@ struct SyncLink {
 
 affine::DType affine_dtype(at::ScalarType t, const std::string& what) {
   if (t == at::kFloat) return affine::DType::f32;
-  throw ConfigError("weight sync: " + what + " is " + std::string(c10::toString(t)) +
-                    "; this increment syncs fp32 weights only (casts to bf16 come next)");
+  if (t == at::kBFloat16) return affine::DType::bf16;
+  if (t == at::kHalf) return affine::DType::f16;
+  throw ConfigError("weight sync: " + what + " is " + std::string(c10::toString(t)) + "; weights sync as fp32, bf16 or fp16");
+}
+
+at::ScalarType scalar_type(affine::DType t) {
+  return t == affine::DType::bf16 ? at::kBFloat16 : t == affine::DType::f16 ? at::kHalf : at::kFloat;
 }
 
 }  // namespace
@@ -177,6 +182,9 @@ struct WeightSender::Impl {
   std::unique_ptr<SyncLink> link;
   EngineStorage storage;
   std::vector<std::string> buffer_of;  // per parameter, its key in storage.buffers
+  // When the rollout's dtype differs: a copy of each flat weight buffer in that dtype, cast by
+  // LibTorch's .to() at every sync (so the bits are exactly that cast's), and sent instead.
+  std::map<std::string, torch::Tensor> cast_mirrors;
 };
 
 WeightSender::WeightSender(Engine& engine, const nn::DecoderConfig& config, const WeightSyncOptions& options)
@@ -200,11 +208,20 @@ WeightSender::WeightSender(Engine& engine, const nn::DecoderConfig& config, cons
     throw ConfigError("weight sync: the training engine holds " + std::to_string(weights.size()) +
                       " parameters, the config names " + std::to_string(link.sources.size()));
   link.agree_on_config(config);
+  // The rollout's dtype is the wire's (published before its acknowledgement, so present now).
+  const auto wire = affine::parse_dtype(link.shared->get_string("rollout_dtype", options.timeout));
+  for (size_t i = 0; i < link.sources.size(); ++i) {
+    const auto& key = impl_->buffer_of[i];
+    const auto& flat = impl_->storage.buffers.at(key);
+    if (affine_dtype(flat.scalar_type(), key) != wire && !impl_->cast_mirrors.count(key))
+      impl_->cast_mirrors[key] = torch::empty({flat.numel()}, flat.options().dtype(scalar_type(wire)));
+    link.sources[i].dtype = wire;  // same element offsets, in the mirror when cast
+  }
   link.connect();
   if (link.rank == 0) link.shared->set("source_maps", affine::maps_to_json(link.sources));
   link.sources = affine::maps_from_json(affine::maps_to_json(link.sources));  // exactly what the sink reads
   for (const auto& [name, shape] : nn::decoder_parameter_shapes(config))
-    link.targets.push_back(nn::decoder_tp_map(config, name, link.peer_size, affine::DType::f32));
+    link.targets.push_back(nn::decoder_tp_map(config, name, link.peer_size, wire));
 }
 
 WeightSender::~WeightSender() = default;
@@ -217,10 +234,18 @@ WeightSyncStats WeightSender::sync() {
     link.plan_all();
     stats.plan_ms = ms_since(t);
   }
+  const auto c = std::chrono::steady_clock::now();
+  for (auto& [key, mirror] : impl_->cast_mirrors) {
+    mirror.copy_(impl_->storage.buffers.at(key));
+    stats.cast_mirror_bytes += mirror.numel() * int64_t(mirror.element_size());
+  }
+  stats.cast_ms = ms_since(c);
   auto batch = link.batch_skeleton();
   for (size_t i = 0; i < batch.size(); ++i) {
-    auto& buffer = impl_->storage.buffers.at(impl_->buffer_of[i]);
-    batch[i].source_buffers[link.rank] = {buffer.data_ptr(), buffer.numel(), affine::DType::f32};
+    const auto& key = impl_->buffer_of[i];
+    auto mirror = impl_->cast_mirrors.find(key);
+    auto& buffer = mirror != impl_->cast_mirrors.end() ? mirror->second : impl_->storage.buffers.at(key);
+    batch[i].source_buffers[link.rank] = {buffer.data_ptr(), buffer.numel(), link.sources[i].dtype};
   }
   const auto t = std::chrono::steady_clock::now();
   const auto s = link.executor->execute(batch);
@@ -248,14 +273,15 @@ RolloutSink::RolloutSink(RolloutEngine& rollout, const WeightSyncOptions& option
   impl_->link = std::make_unique<SyncLink>(options, false, rollout.tp_rank(), rollout.tp_size());
   auto& link = *impl_->link;
   const auto& config = rollout.config();
+  const auto wire = affine_dtype(rollout.dtype(), "the rollout engine's dtype");
+  if (link.rank == 0) link.shared->set("rollout_dtype", affine::dtype_name(wire));
   link.agree_on_config(config);
   link.connect();
   auto named = rollout.model().module()->named_parameters();
   for (const auto& [name, shape] : nn::decoder_parameter_shapes(config)) {
     auto p = named[name];
-    affine_dtype(p.scalar_type(), "rollout parameter '" + name + "'");
     impl_->params.push_back(p);
-    link.targets.push_back(nn::decoder_tp_map(config, name, link.size, affine::DType::f32));
+    link.targets.push_back(nn::decoder_tp_map(config, name, link.size, wire));
   }
   link.sources = affine::maps_from_json(link.shared->get_string("source_maps", options.timeout));
   if (link.sources.size() != link.targets.size())
@@ -276,7 +302,7 @@ WeightSyncStats RolloutSink::receive() {
   auto batch = link.batch_skeleton();
   for (size_t i = 0; i < batch.size(); ++i) {
     auto& p = impl_->params[i];
-    batch[i].target_buffers[link.rank] = {p.data_ptr(), p.numel(), affine::DType::f32};
+    batch[i].target_buffers[link.rank] = {p.data_ptr(), p.numel(), link.targets[i].dtype};
   }
   impl_->rollout->mark_weights_torn();  // in place: from the first byte until verified
   const auto t = std::chrono::steady_clock::now();

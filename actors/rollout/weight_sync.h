@@ -18,8 +18,11 @@
 // compare; every rank of both jobs learns every verdict, so a mismatch (naming the tensor and both
 // ranks) fails the sync on all of them alike. Only a verified sync publishes a new weight version;
 // a failed one leaves the rollout engine refusing to generate until the next good sync.
-// This increment syncs in place (generation must not run during receive()), fp32 weights only,
-// the whole model each time; double buffering, casts and delta syncs are the next increments.
+// Dtypes: the wire carries the rollout's dtype; when the training weights differ (fp32 training,
+// bf16 rollout: the common case) the sender casts each flat weight buffer with LibTorch's .to()
+// into a copy it keeps (half the weights' bytes for bf16, reported as cast_mirror_bytes).
+// This increment syncs in place (generation must not run during receive()) and the whole model
+// each time; double buffering and delta syncs are the next increments.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -56,6 +59,8 @@ struct WeightSyncStats {
   double plan_ms = 0;           // building the plans (first sync only; 0 after)
   double sync_ms = 0;           // the transfer batch
   double verify_ms = 0;         // hashing both ends and agreeing on the verdict
+  double cast_ms = 0;           // training side: casting into the rollout's dtype (0 when equal)
+  int64_t cast_mirror_bytes = 0;  // training side: the cast copy kept for that (outside staging)
   double wire_to_useful = 0;    // rollout side
 };
 

@@ -73,8 +73,10 @@ void train(const std::string& family, int stage, const std::string& session) {
     }
     const auto stats = sender.sync();
     if (kEnv.rank == 0)
-      std::printf("%s round %d: sent %lld bytes in %lld puts, plan %.1f ms, sync %.1f ms\n", session.c_str(), round,
-                  static_cast<long long>(stats.bytes_sent), static_cast<long long>(stats.puts), stats.plan_ms, stats.sync_ms);
+      std::printf("%s round %d: sent %lld bytes in %lld puts, plan %.1f ms, sync %.1f ms, verify %.1f ms, cast %.1f ms "
+                  "(mirror %lld bytes)\n", session.c_str(), round, static_cast<long long>(stats.bytes_sent),
+                  static_cast<long long>(stats.puts), stats.plan_ms, stats.sync_ms, stats.verify_ms, stats.cast_ms,
+                  static_cast<long long>(stats.cast_mirror_bytes));
     CHECK((round == 0) == (stats.plan_ms > 0));
     if (kEnv.rank == 0) {
       model.save_pretrained(oracle_dir(session, round).string());
@@ -83,13 +85,14 @@ void train(const std::string& family, int stage, const std::string& session) {
   }
 }
 
-void receive(const std::string& family, const std::string& session) {
+void receive(const std::string& family, const std::string& session, at::ScalarType dtype = at::kFloat) {
   const auto config = nn::testing::family_config(family);
   const auto dir = fs::temp_directory_path() / ("tessera_sync_cfg_" + env("MASTER_PORT") + "_" + std::to_string(kEnv.rank));
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << nn::decoder_config_json(config);
   RolloutOptions ro;
   ro.config_path = (dir / "config.json").string();
+  ro.dtype = dtype;
   auto rollout = RolloutEngine::create(ro);
   {
     torch::NoGradGuard no_grad;
@@ -110,7 +113,8 @@ void receive(const std::string& family, const std::string& session) {
       const auto& name = item.key();
       INFO(session << " round " << round << " " << name << " TP rank " << kEnv.rank);
       const auto shard = nn::decoder_tp_shard(config, name, kEnv.rank, kEnv.world_size);
-      auto expected = nn::cut_shard(item.value().detach(), shard), got = mine[name].detach();
+      // bf16 rollout: the oracle is LibTorch's own cast of the fp32 weights.
+      auto expected = nn::cut_shard(item.value().detach(), shard).to(dtype), got = mine[name].detach();
       if (shard.dim >= 0 && shard.local_length > shard.length) {
         CHECK(torch::isnan(got.narrow(shard.dim, shard.length, shard.local_length - shard.length)).all().item<bool>());
         expected = expected.narrow(shard.dim, 0, shard.length), got = got.narrow(shard.dim, 0, shard.length);
@@ -141,6 +145,9 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
       else receive(family, session);
     }
   }
+  // fp32 training -> bf16 rollout, cast on the way.
+  if (kTraining) train("qwen2", 2, "qwen2_bf16");
+  else receive("qwen2", "qwen2_bf16", at::kBFloat16);
   // A corrupted byte on one rollout rank is caught by the hashes on every rank of both jobs; that
   // rank's engine refuses to generate until the next, good, sync.
   {
@@ -207,4 +214,6 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
     for (const std::string family : {"llama", "qwen2"})
       for (int stage : {1, 2})
         for (int round : {0, 1}) fs::remove_all(oracle_dir(family + "_stage" + std::to_string(stage), round));
+  if (!kTraining && kEnv.rank == 0)
+    for (int round : {0, 1}) fs::remove_all(oracle_dir("qwen2_bf16", round));
 }
