@@ -1,0 +1,321 @@
+// grpo: the RL loop tessera is built for, on a task with a verifiable reward (reverse 4 digits,
+// reverse_task.h). Two jobs, started together by run_grpo.py:
+//   --role train    (DP ranks) a Qwen3-style policy under the ZeRO engine; a short supervised
+//                   warm-up teaches the format, then GRPO: for each step it publishes prompts,
+//                   reads the rollout job's G samples per prompt with their log-probabilities,
+//                   scores them, normalises rewards per group ((r - mean) / (std + 1e-6)),
+//                   recomputes the policy's log-probabilities (pi_old: one update per batch, so
+//                   the ratio starts at 1), minimises the clipped-ratio objective (eps 0.2) with an
+//                   optional k3 KL to the post-warm-up policy (--kl-beta), token-level
+//                   normalisation over the whole batch, then syncs the weights into the rollout job.
+//   --role rollout  (TP ranks) a RolloutEngine; per step: receive the new weights (in place:
+//                   generation pauses meanwhile, the pause is reported), generate, publish samples.
+// The jobs exchange prompts and samples (token ids, log-probs as hex floats) through the store
+// under "shared/grpo/"; weights go over UCX (actors/rollout/weight_sync.h).
+// Rank 0 of the training job prints a line per step (reward, KL, loss, tokens/s, the
+// training-vs-rollout log-prob mismatch, sync/pause ms, sync bytes) and writes a CSV.
+#include <CLI/CLI.hpp>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "actors/actor_runtime.h"
+#include "actors/engine/engine.h"
+#include "actors/rollout/rollout_engine.h"
+#include "actors/rollout/weight_sync.h"
+#include "core/config/load.h"
+#include "core/error.h"
+#include "core/nn/decoder.h"
+#include "examples/grpo/reverse_task.h"
+#include "transport/launch_env.h"
+#include "transport/store.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+struct Args {
+  std::string role, model_config = "configs/models/tiny-qwen3", csv = "grpo.csv", peer;
+  int steps = 250, prompts = 16, group = 8, sft_steps = 16, zero_stage = 2, new_tokens = grpo::kDigits + 1;
+  double lr = 2e-3, sft_lr = 3e-3, temperature = 1.0, clip = 0.2, kl_beta = 0.0;
+  uint64_t seed = 1;
+  std::string rollout_dtype = "fp32";
+};
+
+std::string encode_samples(const tessera::nn::GenerationResult& out) {
+  std::ostringstream s;
+  s << std::hexfloat;
+  for (size_t i = 0; i < out.tokens.size(); ++i) {
+    s << out.tokens[i].size();
+    for (auto t : out.tokens[i]) s << ' ' << t;
+    for (float lp : out.logprobs[i]) s << ' ' << lp;
+    s << '\n';
+  }
+  return s.str();
+}
+
+void decode_samples(const std::string& text, std::vector<std::vector<int64_t>>& tokens,
+                    std::vector<std::vector<float>>& logprobs) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    size_t n = 0;
+    in >> n;
+    tokens.emplace_back(n), logprobs.emplace_back(n);
+    for (auto& t : tokens.back()) in >> t;
+    for (auto& lp : logprobs.back()) {
+      std::string word;
+      in >> word;
+      lp = std::strtof(word.c_str(), nullptr);  // hex floats: the rollout's bits exactly
+    }
+  }
+}
+
+std::string encode_prompts(const std::vector<std::vector<int64_t>>& prompts) {
+  std::ostringstream s;
+  for (const auto& p : prompts) {
+    for (auto t : p) s << t << ' ';
+    s << '\n';
+  }
+  return s.str();
+}
+
+std::vector<std::vector<int64_t>> decode_prompts(const std::string& text) {
+  std::vector<std::vector<int64_t>> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    out.emplace_back();
+    for (int64_t t; in >> t;) out.back().push_back(t);
+  }
+  return out;
+}
+
+tessera::WeightSyncOptions sync_options(const Args& a, const tessera::transport::LaunchEnv& env, bool training) {
+  tessera::WeightSyncOptions o;
+  o.train_job = training ? env.job : a.peer;
+  o.rollout_job = training ? a.peer : env.job;
+  o.session = "grpo";
+  return o;
+}
+
+int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
+  tessera::RolloutOptions ro;
+  ro.config_path = a.model_config;
+  ro.dtype = a.rollout_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  auto rollout = tessera::RolloutEngine::create(ro);
+  tessera::RolloutSink sink(*rollout, sync_options(a, env, false));
+  auto shared = tessera::actors::job_store()->shared("grpo");
+  sink.receive();  // the warmed-up policy
+  for (int step = 0; step < a.steps; ++step) {
+    const auto key = "step" + std::to_string(step) + "/";
+    const auto prompts = decode_prompts(shared->get_string(key + "prompts", std::chrono::minutes(5)));
+    std::vector<std::vector<int64_t>> batch;
+    for (const auto& p : prompts)
+      for (int g = 0; g < a.group; ++g) batch.push_back(p);
+    tessera::nn::SamplingParams params;
+    params.temperature = a.temperature;
+    params.max_new_tokens = a.new_tokens;
+    params.seed = a.seed * 1000003 + uint64_t(step);
+    const auto t = Clock::now();
+    const auto out = rollout->generate(batch, params);
+    const double generate_ms = ms_since(t);
+    if (env.rank == 0) shared->set(key + "samples", encode_samples(out));
+    const auto p = Clock::now();
+    const auto stats = sink.receive();  // in place: generation is paused for this long
+    if (env.rank == 0)
+      shared->set(key + "rollout", std::to_string(ms_since(p)) + " " + std::to_string(generate_ms) + " " +
+                                       std::to_string(stats.bytes_sent));
+  }
+  return 0;
+}
+
+int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
+  const auto config = tessera::nn::load_decoder_config(a.model_config);
+  tessera::nn::DecoderOptions mo;
+  mo.seed = a.seed;
+  tessera::nn::DecoderLm policy(config, mo);
+  const int world = env.world_size, rank = env.rank;
+  const int sequences = a.prompts * a.group;
+  if (sequences % world != 0)
+    throw tessera::ConfigError("--prompts x --group (" + std::to_string(sequences) + ") must divide over " +
+                               std::to_string(world) + " training ranks");
+  const std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(sequences / world) +
+                           "\ngradient_accumulation_steps = 1\ngradient_clipping = 1.0\n[optimizer]\ntype = \"AdamW\"\n"
+                           "[optimizer.params]\nlr = " + std::to_string(a.lr) + "\nbetas = [0.9, 0.99]\nweight_decay = 0.0\n"
+                           "[zero_optimization]\nstage = " + std::to_string(a.zero_stage) + "\n";
+  auto engine =
+      tessera::initialize(policy.module(), tessera::config::load_config_text(toml, tessera::config::Format::toml, "grpo"))
+          .engine;
+  auto shared = tessera::actors::job_store()->shared("grpo");
+  const int64_t P = grpo::kDigits + 1, T = a.new_tokens;
+
+  // Supervised warm-up on (prompt, answer) pairs: the format, and a start on the task.
+  std::mt19937_64 sft_rng(a.seed * 7919 + uint64_t(rank));
+  for (int step = 0; step < a.sft_steps; ++step) {
+    std::vector<int64_t> flat;
+    for (int i = 0; i < sequences / world; ++i) {
+      auto p = grpo::random_prompt(sft_rng), ans = grpo::answer(p);
+      flat.insert(flat.end(), p.begin(), p.end());
+      flat.insert(flat.end(), ans.begin(), ans.end());
+    }
+    auto ids = torch::tensor(flat, torch::kLong).view({sequences / world, P + grpo::kDigits + 1});
+    auto logits = policy.forward(ids.narrow(1, 0, ids.size(1) - 1));
+    auto answer_logits = logits.narrow(1, P - 1, grpo::kDigits + 1);
+    auto loss = torch::nn::functional::cross_entropy(answer_logits.reshape({-1, answer_logits.size(-1)}),
+                                                     ids.narrow(1, P, grpo::kDigits + 1).reshape({-1}));
+    engine->set_lr(a.sft_lr);
+    engine->backward(loss);
+    engine->step();
+  }
+  engine->set_lr(a.lr);
+  // The reference for the KL term: the policy after the warm-up, frozen.
+  std::unique_ptr<tessera::nn::DecoderLm> reference;
+  if (a.kl_beta > 0) {
+    reference = std::make_unique<tessera::nn::DecoderLm>(config, mo);
+    torch::NoGradGuard no_grad;
+    auto ref_params = reference->module()->named_parameters();
+    for (const auto& item : policy.module()->named_parameters()) ref_params[item.key()].copy_(item.value());
+  }
+  tessera::WeightSender sender(*engine, config, sync_options(a, env, true));
+  auto first = sender.sync();
+
+  std::ofstream csv;
+  if (rank == 0) {
+    csv.open(a.csv);
+    csv << "step,reward,kl,loss,logprob_mismatch,tokens_per_s,sync_ms,pause_ms,sync_bytes,generate_ms,step_ms\n";
+    std::printf("grpo: %lld-parameter %s policy, %d training ranks (ZeRO-%d), %d prompts x %d samples per step; warm-up "
+                "%d steps; first sync %.1f ms (plan %.1f ms)\n",
+                static_cast<long long>(tessera::nn::decoder_parameter_count(config)), config.model_type(), world,
+                a.zero_stage, a.prompts, a.group, a.sft_steps, first.sync_ms, first.plan_ms);
+  }
+  std::mt19937_64 prompt_rng(a.seed * 104729);
+  for (int step = 0; step < a.steps; ++step) {
+    const auto t0 = Clock::now();
+    const auto key = "step" + std::to_string(step) + "/";
+    std::vector<std::vector<int64_t>> prompts;
+    for (int i = 0; i < a.prompts; ++i) prompts.push_back(grpo::random_prompt(prompt_rng));
+    if (rank == 0) shared->set(key + "prompts", encode_prompts(prompts));
+    std::vector<std::vector<int64_t>> tokens;
+    std::vector<std::vector<float>> rollout_lp;
+    decode_samples(shared->get_string(key + "samples", std::chrono::minutes(5)), tokens, rollout_lp);
+    if (int(tokens.size()) != sequences) throw tessera::Error("grpo: the rollout job sent " + std::to_string(tokens.size()) + " samples");
+
+    // Rewards and group-normalised advantages (every rank computes all; cheap).
+    std::vector<double> rewards(static_cast<size_t>(sequences) + 0), advantages(rewards.size());
+    double mean_reward = 0;
+    int64_t total_tokens = 0;
+    for (int i = 0; i < sequences; ++i) {
+      rewards[size_t(i)] = grpo::reward(prompts[size_t(i / a.group)], tokens[size_t(i)]);
+      mean_reward += rewards[size_t(i)] / sequences;
+      total_tokens += int64_t(tokens[size_t(i)].size());
+    }
+    for (int g = 0; g < a.prompts; ++g) {
+      double m = 0, v = 0;
+      for (int j = 0; j < a.group; ++j) m += rewards[size_t(g * a.group + j)] / a.group;
+      for (int j = 0; j < a.group; ++j) v += std::pow(rewards[size_t(g * a.group + j)] - m, 2) / std::max(1, a.group - 1);
+      for (int j = 0; j < a.group; ++j)
+        advantages[size_t(g * a.group + j)] = (rewards[size_t(g * a.group + j)] - m) / (std::sqrt(v) + 1e-6);
+    }
+
+    // This rank's share of the sequences: prompt + completion, completions right-padded.
+    const int share = sequences / world, begin = rank * share;
+    auto ids = torch::zeros({share, P + T}, torch::kLong);
+    auto mask = torch::zeros({share, T});
+    auto adv = torch::empty({share, 1});
+    auto old_rollout = torch::zeros({share, T});
+    for (int i = 0; i < share; ++i) {
+      const auto& p = prompts[size_t((begin + i) / a.group)];
+      const auto& c = tokens[size_t(begin + i)];
+      for (int64_t k = 0; k < P; ++k) ids[i][k] = p[size_t(k)];
+      for (size_t k = 0; k < c.size(); ++k) {
+        ids[i][P + int64_t(k)] = c[k];
+        mask[i][int64_t(k)] = 1;
+        old_rollout[i][int64_t(k)] = rollout_lp[size_t(begin + i)][k];
+      }
+      adv[i][0] = advantages[size_t(begin + i)];
+    }
+    auto logits = policy.forward(ids.narrow(1, 0, P + T - 1)).narrow(1, P - 1, T);
+    auto logp = torch::log_softmax(logits, -1).gather(-1, ids.narrow(1, P, T).unsqueeze(-1)).squeeze(-1);
+    auto old = logp.detach();  // pi_old: this batch's policy, recomputed by the training job
+    auto ratio = torch::exp(logp - old);
+    auto objective = torch::min(ratio * adv, torch::clamp(ratio, 1 - a.clip, 1 + a.clip) * adv);
+    auto per_token = -objective;
+    torch::Tensor kl = torch::zeros({});
+    if (reference) {
+      torch::Tensor ref;
+      {
+        torch::NoGradGuard no_grad;
+        auto ref_logits = reference->forward(ids.narrow(1, 0, P + T - 1)).narrow(1, P - 1, T);
+        ref = torch::log_softmax(ref_logits, -1).gather(-1, ids.narrow(1, P, T).unsqueeze(-1)).squeeze(-1);
+      }
+      auto k3 = torch::exp(ref - logp) - (ref - logp) - 1;
+      per_token = per_token + a.kl_beta * k3;
+      kl = (k3.detach() * mask).sum() / mask.sum().clamp_min(1);
+    }
+    // Token-level normalisation over the whole batch (all ranks): the engine averages the ranks'
+    // gradients, so each rank's sum is scaled by world / all tokens.
+    auto loss = (per_token * mask).sum() * (double(world) / double(std::max<int64_t>(1, total_tokens)));
+    const double mismatch = ((old - old_rollout).abs() * mask).sum().item<double>() / std::max(1.0, mask.sum().item<double>());
+    engine->backward(loss);
+    engine->step();
+    const auto sync = sender.sync();
+    std::istringstream rollout_line(shared->get_string(key + "rollout", std::chrono::minutes(5)));
+    double pause_ms = 0, generate_ms = 0;
+    rollout_line >> pause_ms >> generate_ms;
+    const double step_ms = ms_since(t0);
+    if (rank == 0) {
+      const double tokens_per_s = double(total_tokens) / (generate_ms / 1000.0);
+      std::printf("step %3d | reward %.3f | kl %.4f | loss %+.4f | %.0f tok/s | logprob mismatch %.2e | sync %.1f ms | "
+                  "pause %.1f ms | %lld bytes\n",
+                  step + 1, mean_reward, kl.item<double>(), loss.item<double>() / world, tokens_per_s, mismatch,
+                  sync.sync_ms + sync.verify_ms, pause_ms, static_cast<long long>(sync.bytes_sent));
+      std::fflush(stdout);
+      csv << step + 1 << "," << mean_reward << "," << kl.item<double>() << "," << loss.item<double>() / world << ","
+          << mismatch << "," << tokens_per_s << "," << sync.sync_ms + sync.verify_ms << "," << pause_ms << ","
+          << sync.bytes_sent << "," << generate_ms << "," << step_ms << "\n";
+    }
+  }
+  if (rank == 0) std::printf("grpo: done, %d steps; curve in %s\n", a.steps, a.csv.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"GRPO on digit reversal: a training job and a rollout job (start both with run_grpo.py)"};
+  Args a;
+  app.add_option("--role", a.role, "train | rollout")->required()->check(CLI::IsMember({"train", "rollout"}));
+  app.add_option("--peer-job", a.peer, "the other job's name (TESSERA_JOB)")->required();
+  app.add_option("--model-config", a.model_config, "the policy's config.json (or its directory)");
+  app.add_option("--steps", a.steps, "GRPO steps")->check(CLI::PositiveNumber);
+  app.add_option("--prompts", a.prompts, "prompts per step")->check(CLI::PositiveNumber);
+  app.add_option("--group", a.group, "samples per prompt (G)")->check(CLI::Range(2, 1024));
+  app.add_option("--sft-steps", a.sft_steps, "supervised warm-up steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", a.lr, "GRPO learning rate");
+  app.add_option("--sft-lr", a.sft_lr, "warm-up learning rate");
+  app.add_option("--temperature", a.temperature, "sampling temperature");
+  app.add_option("--clip", a.clip, "ratio clip epsilon");
+  app.add_option("--kl-beta", a.kl_beta, "k3 KL weight to the post-warm-up policy (0: off)");
+  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage of the training job")->check(CLI::Range(0, 2));
+  app.add_option("--rollout-dtype", a.rollout_dtype, "fp32 | bf16 (weights cast on the way)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--seed", a.seed, "seed of prompts, sampling and initialisation");
+  app.add_option("--csv", a.csv, "the curve, written by training rank 0");
+  CLI11_PARSE(app, argc, argv);
+  const auto env = tessera::transport::LaunchEnv::from_env();
+  try {
+    return a.role == "train" ? run_train(a, env) : run_rollout(a, env);
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "grpo %s (rank %d): %s\n", a.role.c_str(), env.rank, e.what());
+    return 1;
+  }
+}
