@@ -1,0 +1,190 @@
+// Training -> rollout weight sync against gather-then-broadcast, over the same UCX transport and
+// sizes, in one run. Two jobs (start both with run_sync_bench.py): --role train (DP ranks, a ZeRO
+// engine over a reduced-width Qwen3-8B-shaped model) and --role rollout (TP ranks).
+//   sync:       WeightSender / RolloutSink: each rollout rank receives only its shard, straight
+//               from the engine's buffers, planned once; timed with and without its verification.
+//   broadcast:  the baseline RL frameworks use: every rollout rank receives every full tensor (the
+//               training weights at ZeRO 0-2 are whole on every rank, so the gather is free) into
+//               a staging tensor, then cuts its shard out of it (cut_shard); wire = TP x useful.
+// Rank 0 of the rollout job prints JSON lines: per mode the median time per sync, wire bytes /
+// useful bytes, staged bytes; the plan time (once); and the ratio sync / broadcast.
+#include <CLI/CLI.hpp>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "actors/actor_runtime.h"
+#include "actors/engine/engine.h"
+#include "actors/rollout/rollout_engine.h"
+#include "actors/rollout/weight_sync.h"
+#include "core/affine/builders.h"
+#include "core/affine/planner.h"
+#include "core/config/load.h"
+#include "core/nn/decoder.h"
+#include "transport/affine/remote_executor.h"
+#include "transport/launch_env.h"
+#include "transport/store.h"
+#include "transport/ucx/ucx_context.h"
+#include "transport/ucx/ucx_peers.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+tessera::nn::DecoderConfig bench_config(int hidden, int layers, int vocab) {
+  // Qwen3-8B's proportions (36 layers of 4096, 32 heads of 128, 8 KV heads, 12288 MLP, 151936
+  // vocabulary) at a reduced width and depth.
+  const int heads = std::max(4, hidden / 128), kv = std::max(2, heads / 4);
+  const std::string json = R"({"model_type": "qwen3", "vocab_size": )" + std::to_string(vocab) +
+                           R"(, "hidden_size": )" + std::to_string(hidden) + R"(, "intermediate_size": )" +
+                           std::to_string(3 * hidden) + R"(, "num_hidden_layers": )" + std::to_string(layers) +
+                           R"(, "num_attention_heads": )" + std::to_string(heads) + R"(, "num_key_value_heads": )" +
+                           std::to_string(kv) + R"(, "head_dim": 128, "tie_word_embeddings": false})";
+  return tessera::nn::parse_decoder_config(json, "sync_bench");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Weight sync vs gather-then-broadcast between a training and a rollout job"};
+  std::string role, peer;
+  int hidden = 1024, layers = 4, vocab = 16384, repeats = 5, stage = 2;
+  app.add_option("--role", role)->required()->check(CLI::IsMember({"train", "rollout"}));
+  app.add_option("--peer-job", peer)->required();
+  app.add_option("--hidden", hidden);
+  app.add_option("--layers", layers);
+  app.add_option("--vocab", vocab);
+  app.add_option("--repeats", repeats);
+  app.add_option("--stage", stage);
+  CLI11_PARSE(app, argc, argv);
+  const auto env = tessera::transport::LaunchEnv::from_env();
+  const bool training = role == "train";
+  const auto config = bench_config(hidden, layers, vocab);
+  tessera::WeightSyncOptions so;
+  so.train_job = training ? env.job : peer;
+  so.rollout_job = training ? peer : env.job;
+  so.session = "bench";
+  try {
+    // 1. tessera's sync.
+    std::unique_ptr<tessera::nn::DecoderLm> model;
+    std::shared_ptr<tessera::Engine> engine;
+    std::unique_ptr<tessera::RolloutEngine> rollout;
+    std::vector<double> sync_ms, verify_ms;
+    double plan_ms = 0, wire = 0;
+    int64_t bytes = 0;
+    if (training) {
+      model = std::make_unique<tessera::nn::DecoderLm>(config);
+      const std::string toml = "train_micro_batch_size_per_gpu = 1\n[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\n"
+                               "lr = 1e-3\n[zero_optimization]\nstage = " + std::to_string(stage) + "\n";
+      engine = tessera::initialize(model->module(),
+                                   tessera::config::load_config_text(toml, tessera::config::Format::toml, "bench"))
+                   .engine;
+      tessera::WeightSender sender(*engine, config, so);
+      for (int i = 0; i < repeats + 1; ++i) sender.sync();
+    } else {
+      const auto dir = std::filesystem::temp_directory_path() / ("tessera_sync_bench_" + std::to_string(::getppid()) + "_" +
+                                                                 std::to_string(env.rank));
+      std::filesystem::create_directories(dir);
+      std::ofstream(dir / "config.json") << tessera::nn::decoder_config_json(config);
+      tessera::RolloutOptions ro;
+      ro.config_path = (dir / "config.json").string();
+      rollout = tessera::RolloutEngine::create(ro);
+      std::filesystem::remove_all(dir);
+      tessera::RolloutSink sink(*rollout, so);
+      for (int i = 0; i < repeats + 1; ++i) {
+        const auto s = sink.receive();
+        if (i == 0) {
+          plan_ms = s.plan_ms;
+          continue;  // the first one registers memory and connects
+        }
+        sync_ms.push_back(s.sync_ms + s.verify_ms);
+        verify_ms.push_back(s.verify_ms);
+        wire = s.wire_to_useful, bytes = s.bytes_sent;
+      }
+    }
+
+    // 2. gather-then-broadcast over the same executor: every rollout rank receives whole tensors.
+    tessera::transport::UcxContext context({});
+    tessera::transport::UcxPeers peers(context, tessera::actors::job_store(), env.job, env.rank, env.world_size,
+                                       "bench_broadcast");
+    const int peer_size = peers.connect(peer);
+    const int S = training ? env.world_size : peer_size, T = training ? peer_size : env.world_size;
+    tessera::transport::RemoteExecutor executor(peers, "bench_broadcast");
+    std::vector<tessera::affine::Plan> plans;
+    const auto shapes = tessera::nn::decoder_parameter_shapes(config);
+    for (const auto& [name, shape] : shapes) {
+      const tessera::affine::TensorInfo info{name, tessera::affine::DType::f32, tessera::affine::Dims(shape)};
+      plans.push_back(tessera::affine::plan(tessera::affine::replicated(info, T), tessera::affine::replicated(info, S)));
+    }
+    std::vector<torch::Tensor> staging;  // rollout: one whole tensor per parameter
+    auto params = training ? model->module()->named_parameters() : rollout->model().module()->named_parameters();
+    if (!training)
+      for (const auto& [name, shape] : shapes) staging.push_back(torch::empty(shape));
+    std::vector<double> broadcast_ms;
+    int64_t broadcast_bytes = 0;
+    for (int i = 0; i < repeats + 1; ++i) {
+      std::vector<tessera::transport::RemoteTransfer> batch(plans.size());
+      for (size_t k = 0; k < plans.size(); ++k) {
+        batch[k].plan = &plans[k];
+        for (int r = 0; r < S; ++r) batch[k].source_processes.push_back({so.train_job, r});
+        for (int r = 0; r < T; ++r) batch[k].target_processes.push_back({so.rollout_job, r});
+        if (training) {
+          auto p = params[shapes[k].first];
+          batch[k].source_buffers[env.rank] = {p.data_ptr(), p.numel(), tessera::affine::DType::f32};
+        } else {
+          batch[k].target_buffers[env.rank] = {staging[k].data_ptr(), staging[k].numel(), tessera::affine::DType::f32};
+        }
+      }
+      const auto t = Clock::now();
+      const auto s = executor.execute(batch);
+      if (!training) {
+        torch::NoGradGuard no_grad;
+        for (size_t k = 0; k < plans.size(); ++k)
+          params[shapes[k].first].copy_(tessera::nn::cut_shard(
+              staging[k], tessera::nn::decoder_tp_shard(config, shapes[k].first, env.rank, env.world_size)));
+        // Every rank holds its cut: wait for all of them, as a sync does.
+        auto store = tessera::actors::job_store();
+        store->set("broadcast_done/" + std::to_string(i) + "/" + std::to_string(env.rank), "1");
+        std::vector<std::string> keys;
+        for (int r = 0; r < env.world_size; ++r) keys.push_back("broadcast_done/" + std::to_string(i) + "/" + std::to_string(r));
+        store->wait(keys);
+      }
+      if (i > 0) broadcast_ms.push_back(ms_since(t));
+      broadcast_bytes = s.bytes_received + s.bytes_copied_locally;
+    }
+    if (!training && env.rank == 0) {
+      const int64_t params_count = tessera::nn::decoder_parameter_count(config);
+      std::printf("{\"bench\":\"weight_sync\",\"mode\":\"sync\",\"train_ranks\":%d,\"rollout_ranks\":%d,\"parameters\":%lld,"
+                  "\"bytes\":%lld,\"ms\":%.2f,\"verify_ms\":%.2f,\"wire_to_useful\":%.3f,\"plan_ms_once\":%.2f}\n",
+                  S, T, static_cast<long long>(params_count), static_cast<long long>(params_count * 4), median(sync_ms),
+                  median(verify_ms), wire, plan_ms);
+      std::printf("{\"bench\":\"weight_sync\",\"mode\":\"gather_broadcast\",\"train_ranks\":%d,\"rollout_ranks\":%d,"
+                  "\"ms\":%.2f,\"wire_to_useful\":%.3f}\n",
+                  S, T, median(broadcast_ms), bytes > 0 ? double(broadcast_bytes) / double(bytes) : 0.0);
+      std::printf("{\"bench\":\"weight_sync\",\"ratio_sync_to_gather_broadcast\":%.3f,\"rank0_bytes_received\":%lld}\n",
+                  median(sync_ms) / median(broadcast_ms), static_cast<long long>(bytes));
+    }
+    // The training job hosts the store: it stays until every rollout rank is done with it.
+    auto shared = tessera::actors::job_store()->shared("bench_exit");
+    if (!training) shared->set("rollout/" + std::to_string(env.rank), "1");
+    std::vector<std::string> keys;
+    for (int r = 0; r < (training ? peer_size : env.world_size); ++r) keys.push_back("rollout/" + std::to_string(r));
+    if (training || env.rank == 0) shared->wait(keys);
+    if (!training && env.rank == 0) shared->set("done", "1");
+    if (training) shared->get("done");
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "sync_bench %s (rank %d): %s\n", role.c_str(), env.rank, e.what());
+    return 1;
+  }
+  return 0;
+}
