@@ -184,7 +184,10 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
     if (is_source) {
       CHECK(stats.bytes_sent > 0);
       CHECK(stats.rounds >= stats.bytes_sent / 64);
-      if (rank == 0) CHECK(stats.bytes_staged == 6 * 5 * 4);  // tensor "t" comes from its lowest replica
+      // Tensor "t" comes from its lowest replica, rows strided at the source (120 bytes); segments
+      // landing in one dense block are packed too and sent as one put per staging chunk.
+      if (rank == 0) CHECK(stats.bytes_staged >= 6 * 5 * 4);
+      CHECK(stats.puts <= stats.bytes_sent / 4);
       CHECK(stats.useful_bytes == 0);
     } else {
       int64_t expected_useful = 0;

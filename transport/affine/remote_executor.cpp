@@ -64,6 +64,17 @@ void for_each_run(const Segment& s, F&& f) {
   }
 }
 
+// Whether the segment's target is one dense row-major block (its runs land back to back), so its
+// rows can be packed at the source and sent as one put per staging chunk.
+bool dense_target(const Segment& s) {
+  int64_t expected = 1;
+  for (int k = s.shape.size() - 1; k >= 0; --k) {
+    if (s.shape[k] != 1 && s.target_strides[k] != expected) return false;
+    expected *= s.shape[k];
+  }
+  return true;
+}
+
 // Copies n elements of es bytes, `step` elements apart at the source, to consecutive ones.
 void gather_elements(char* dst, const char* src, int64_t n, int64_t step, int64_t es) {
   if (step == 1) return void(std::memcpy(dst, src, static_cast<size_t>(n * es)));
@@ -289,6 +300,44 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
         auto value = store->get("memory/" + std::to_string(ti) + "/" + std::to_string(s.target_rank), options_.timeout);
         std::memcpy(&key.offset, value.data(), 8);
         key.rkey = std::make_unique<UcxRemoteKey>(ep, std::vector<uint8_t>(value.begin() + 8, value.end()));
+      }
+      if (s.shape.size() > 1 && dense_target(s)) {
+        // Coalesced: the segment's rows are packed back to back into staging and each filled
+        // chunk goes as one put (a row-parallel shard: thousands of short rows, one message).
+        if (staging.empty()) staging.resize(static_cast<size_t>(std::max<int64_t>(options_.staging_bytes, es)));
+        const int64_t capacity = static_cast<int64_t>(staging.size()) / es * es;
+        int64_t chunk_dst = 0, chunk_bytes = 0;
+        const char* chunk_start = nullptr;
+        auto put_chunk = [&] {
+          if (chunk_bytes == 0) return;
+          ep.put_nowait(chunk_start, static_cast<size_t>(chunk_bytes), *key.rkey,
+                        static_cast<size_t>(key.offset + chunk_dst * es), options_.timeout);
+          ++stats.puts;
+          stats.bytes_sent += chunk_bytes;
+          sent_to[target] += static_cast<uint64_t>(chunk_bytes);
+          in_flight += chunk_bytes;
+          round_endpoints.insert(&ep);
+          chunk_bytes = 0;
+          if (in_flight >= options_.staging_bytes) end_round();
+        };
+        for_each_run(s, [&](int64_t src, int64_t dst, int64_t n, int64_t step) {
+          int64_t done = 0;
+          while (done < n) {
+            if (staging_used >= capacity) {
+              put_chunk();
+              end_round();  // staging is reused only after its puts completed
+            }
+            if (chunk_bytes == 0) chunk_start = staging.data() + staging_used, chunk_dst = dst + done;
+            const int64_t count = std::min<int64_t>(n - done, (capacity - staging_used) / es);
+            gather_elements(staging.data() + staging_used, src_base + (src + done * step) * es, count, step, es);
+            staging_used += count * es;
+            chunk_bytes += count * es;
+            stats.bytes_staged += count * es;
+            done += count;
+          }
+        });
+        put_chunk();
+        continue;
       }
       for_each_run(s, [&](int64_t src, int64_t dst, int64_t n, int64_t step) {
         // A row strided at the source is packed into the staging buffer and put from there;
