@@ -96,10 +96,14 @@ struct SyncLink {
     }
   }
 
-  void plan_all() {
+  // Plans every tensor on the first sync; the time it took then, 0 after.
+  double plan_once() {
+    if (planned) return 0;
+    const auto t = std::chrono::steady_clock::now();
     plans.clear();
     for (size_t i = 0; i < targets.size(); ++i) plans.push_back(affine::plan(targets[i], sources[i]));
     planned = true;
+    return ms_since(t);
   }
 
   // The training side publishes, per rollout rank, the digests of what it sent there; each rollout
@@ -229,11 +233,7 @@ WeightSender::~WeightSender() = default;
 WeightSyncStats WeightSender::sync() {
   auto& link = *impl_->link;
   WeightSyncStats stats;
-  if (!link.planned) {
-    const auto t = std::chrono::steady_clock::now();
-    link.plan_all();
-    stats.plan_ms = ms_since(t);
-  }
+  stats.plan_ms = link.plan_once();
   const auto c = std::chrono::steady_clock::now();
   for (auto& [key, mirror] : impl_->cast_mirrors) {
     mirror.copy_(impl_->storage.buffers.at(key));
@@ -294,11 +294,7 @@ RolloutSink::~RolloutSink() = default;
 WeightSyncStats RolloutSink::receive() {
   auto& link = *impl_->link;
   WeightSyncStats stats;
-  if (!link.planned) {
-    const auto t = std::chrono::steady_clock::now();
-    link.plan_all();
-    stats.plan_ms = ms_since(t);
-  }
+  stats.plan_ms = link.plan_once();
   auto batch = link.batch_skeleton();
   for (size_t i = 0; i < batch.size(); ++i) {
     auto& p = impl_->params[i];

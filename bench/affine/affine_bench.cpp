@@ -29,6 +29,7 @@
 #include "core/affine/planner.h"
 #include "core/affine/zero_storage.h"
 #include "qwen3_maps.h"
+#include "bench/common/commit.h"
 
 namespace af = tessera::affine;
 using af::bench::qwen3_8b_tensors;
@@ -54,18 +55,7 @@ double best_ms(const std::function<void()>& fn, int reps) {
   return best;
 }
 
-std::string commit() {
-  std::string out = "unknown";
-  if (FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-    char buf[64] = {0};
-    if (fgets(buf, sizeof buf, p)) {
-      out = buf;
-      out.erase(out.find_last_not_of("\n ") + 1);
-    }
-    pclose(p);
-  }
-  return out;
-}
+using tessera::bench::commit;
 
 class Line {
  public:

@@ -19,6 +19,7 @@
 
 #include "core/io/detail/posix_file.h"
 #include "core/io/weight_directory.h"
+#include "bench/common/commit.h"
 
 namespace {
 
@@ -39,18 +40,7 @@ std::vector<double> best_seconds(const std::vector<std::function<void()>>& runs,
   return best;
 }
 
-std::string commit() {
-  std::string out = "unknown";
-  if (FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-    char buf[64] = {0};
-    if (fgets(buf, sizeof buf, p)) {
-      out = buf;
-      out.erase(out.find_last_not_of("\n ") + 1);
-    }
-    pclose(p);
-  }
-  return out;
-}
+using tessera::bench::commit;
 
 // GPT-2 shaped tensors of d_model `d` until `target_bytes` (the last matrix trimmed to fit).
 std::vector<std::pair<std::string, at::Tensor>> model_tensors(uint64_t target_bytes, int64_t d) {
