@@ -44,6 +44,8 @@ struct SyncLink {
 
   SyncLink(const WeightSyncOptions& o, bool is_training, int my_rank, int my_size) : options(o), training(is_training),
       rank(my_rank), size(my_size) {
+    if (o.replica_policy != "balanced" && o.replica_policy != "lowest")
+      throw ConfigError("weight sync: replica_policy '" + o.replica_policy + "' is not one of balanced, lowest");
     if (o.train_job.empty() || o.rollout_job.empty() || o.train_job == o.rollout_job)
       throw ConfigError("weight sync: train_job and rollout_job must name the two jobs (got '" + o.train_job + "', '" +
                         o.rollout_job + "')");
@@ -69,7 +71,7 @@ struct SyncLink {
   // message on both sides) or go on. So no side leaves while the other still needs it.
   void agree_on_config(const nn::DecoderConfig& mine) {
     const std::string role = training ? "train" : "rollout", peer_role = training ? "rollout" : "train";
-    const std::string own = nn::decoder_config_json(mine);
+    const std::string own = nn::decoder_config_json(mine) + "replica_policy: " + options.replica_policy + "\n";
     if (rank == 0) {
       shared->set(role + "_config", own);
       shared->set(role + "_size", std::to_string(size));
@@ -101,7 +103,9 @@ struct SyncLink {
     if (planned) return 0;
     const auto t = std::chrono::steady_clock::now();
     plans.clear();
-    for (size_t i = 0; i < targets.size(); ++i) plans.push_back(affine::plan(targets[i], sources[i]));
+    affine::PlanOptions po;
+    po.policy = affine::parse_replica_policy(options.replica_policy);
+    for (size_t i = 0; i < targets.size(); ++i) plans.push_back(affine::plan(targets[i], sources[i], po));
     planned = true;
     return ms_since(t);
   }

@@ -47,6 +47,11 @@ struct WeightSyncOptions {
   std::string session = "weights";  // several senders/sinks may coexist under other names
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
   int64_t staging_bytes = int64_t{64} << 20;  // in flight per process per round
+  // Which training rank sends a weight every rank holds (ZeRO 0-2): "lowest" sends everything
+  // from rank 0, "balanced" spreads the bytes over the training ranks (for ranks with their own
+  // cores and links; on 2 shared cores one sender measured faster: bench/sync, 1.3 s vs 2.3 s).
+  // Both jobs must agree (part of the handshake).
+  std::string replica_policy = "lowest";
   // Tests only (the sink): called on each received local tensor after the transfer and before
   // the hashes, to show that a corrupted byte is caught.
   std::function<void(const std::string& name, at::Tensor& local)> tamper_for_testing;

@@ -51,6 +51,7 @@ WeightSyncOptions sync_options(const std::string& session) {
   o.rollout_job = kTraining ? env("TESSERA_PEER_JOB") : kEnv.job;
   o.session = session;
   o.timeout = std::chrono::seconds(90);
+  o.replica_policy = session.find("stage1") != std::string::npos ? "lowest" : "balanced";  // both policies
   return o;
 }
 
