@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace tessera {
 
@@ -68,6 +69,18 @@ struct WeightSyncStats {
   int64_t cast_mirror_bytes = 0;  // training side: the cast copy kept for that (outside staging)
   double wire_to_useful = 0;    // rollout side
 };
+
+// For receivers that are not tessera's (vLLM- or SGLang-style engines): what the training engine's
+// weights are, by Hugging Face name, dtype and full shape, from its storage maps (nothing is
+// materialised), and each weight as a tensor, one at a time (at ZeRO 0-2 views of the rank's own
+// flat buffer: no copy; call between steps and do not keep them past the next step).
+struct WeightMetadata {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+std::vector<WeightMetadata> weight_metadata(const Engine& engine);
+void export_weights(const Engine& engine, const std::function<void(const std::string& name, const at::Tensor& weight)>& f);
 
 class WeightSender {
  public:

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "actors/engine/engine.h"
+#include "actors/rollout/weight_sync.h"
 #include "core/config/load.h"
 #include "core/nn/decoder.h"
 #include "tests/engine/engine_test_support.h"
@@ -59,6 +60,33 @@ std::map<std::string, torch::Tensor> train_oracle(const std::string& family) {
 }
 
 }  // namespace
+
+TEST_CASE("Weight metadata and per-tensor export: HF names, dtypes, full shapes; the module's own bits", "[engine][decoder]") {
+  for (int stage : {0, 2}) {
+    auto model = make_model("qwen3");
+    auto config = tessera::config::load_config_text(toml(stage), tessera::config::Format::toml, "engine_decoder_test");
+    auto engine = tessera::initialize(model.module(), config).engine;
+    auto batch = corpus().batch(5, 0, 0, kBatch, kContext, kRank, kWorld);
+    engine->backward(model.loss(batch.tokens, batch.targets));
+    engine->step();
+    const auto meta = tessera::weight_metadata(*engine);
+    const auto shapes = tessera::nn::decoder_parameter_shapes(model.config());
+    REQUIRE(meta.size() == shapes.size());
+    auto params = model.module()->named_parameters();
+    size_t exported = 0;
+    tessera::export_weights(*engine, [&](const std::string& name, const at::Tensor& w) {
+      INFO(name);
+      CHECK(torch::equal(w, params[name]));
+      CHECK(w.data_ptr() == params[name].data_ptr());  // a view of the engine's buffer, not a copy
+      ++exported;
+    });
+    CHECK(exported == shapes.size());
+    for (const auto& m : meta) {
+      CHECK(m.dtype == at::kFloat);
+      CHECK(m.shape == params[m.name].sizes().vec());
+    }
+  }
+}
 
 TEST_CASE("Llama, Qwen2 and Qwen3 train at stages 0, 1, 2 as the single-process oracle does", "[engine][decoder]") {
   for (const auto& [family, text] : tessera::nn::testing::family_configs()) {
