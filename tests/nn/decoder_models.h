@@ -10,8 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
 
 #include "core/nn/decoder_config.h"
 
@@ -44,7 +45,7 @@ inline const std::vector<std::pair<std::string, std::string>>& family_configs() 
 // Norm weights 1 + 0.2 N(0,1) and biases 0.2 N(0,1) (a fresh model has ones and zeros, which would
 // hide a bias on the wrong projection or two swapped norms from any comparison).
 inline void randomize_norms_and_biases(const std::shared_ptr<torch::nn::Module>& module, uint64_t seed) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   auto generator = at::detail::createCPUGenerator(seed);
   for (auto& item : module->named_parameters()) {
     const auto& name = item.key();
@@ -52,7 +53,7 @@ inline void randomize_norms_and_biases(const std::shared_ptr<torch::nn::Module>&
     const bool norm = name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
     const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
     if (!norm && !bias) continue;
-    auto noise = torch::empty(p.sizes(), torch::kFloat).normal_(0.0, 0.2, generator).to(p.scalar_type());
+    auto noise = at::empty(p.sizes(), at::kFloat).normal_(0.0, 0.2, generator).to(p.scalar_type());
     p.copy_(norm ? noise + 1 : noise);
   }
 }
