@@ -82,6 +82,7 @@ std::unique_ptr<RolloutEngine> RolloutEngine::create(const RolloutOptions& optio
   engine->group_ = group;
   nn::DecoderOptions model_options;
   model_options.dtype = options.dtype;
+  model_options.random_init = false;  // generate() refuses until weights are loaded or synced
   model_options.tp.rank = rank, model_options.tp.size = size;
   if (size > 1) {
     auto comm = group;

@@ -13,6 +13,7 @@
 #include "core/config/node.h"
 #include "core/config/validate.h"
 #include "core/error.h"
+#include "core/text.h"
 
 namespace tessera::config {
 namespace {
@@ -181,10 +182,6 @@ std::string json_error_line(std::string_view text, const nlohmann::json::excepti
   }
   if (at == std::string_view::npos || at > text.size()) return "";
   return ":" + std::to_string(1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
-}
-
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace

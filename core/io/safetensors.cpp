@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "core/io/detail/posix_file.h"
 
 // Tensor bytes go to and from the file as they lie in memory; safetensors is little-endian.
@@ -17,12 +18,6 @@ namespace tessera::io {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // the reference implementation's limit
-
-std::string shape_text(at::IntArrayRef shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
 
 // BOOL bytes other than 0 and 1 are not valid at::kBool values.
 void check_bool_bytes(const uint8_t* bytes, uint64_t count, const std::string& file, const std::string& name) {
@@ -118,7 +113,7 @@ void SafetensorsFile::read_into(const std::string& name, at::Tensor destination)
   };
   if (!destination.defined()) refuse("an undefined tensor");
   const std::string destination_text = std::string(c10::toString(destination.scalar_type())) + " " +
-                                       shape_text(destination.sizes()) + " on " + destination.device().str();
+                                       shape_text(destination.sizes().vec()) + " on " + destination.device().str();
   if (destination.device().type() != at::kCPU || destination.layout() != at::kStrided)
     refuse("a non-CPU or non-strided tensor: " + destination_text);
   if (destination.scalar_type() != stored) refuse("a tensor of another dtype: " + destination_text);

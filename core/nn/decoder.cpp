@@ -9,15 +9,12 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "core/io/weight_directory.h"
 
 namespace tessera::nn {
 namespace F = torch::nn::functional;
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // What every module of one model needs to know about the split.
 struct Geometry {
@@ -165,12 +162,6 @@ struct CausalLmModule : torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};
 };
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 uint64_t name_seed(uint64_t seed, const std::string& name) {
   uint64_t h = 1469598103934665603ull ^ seed;  // FNV-1a over the name, keyed by the seed
   for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
@@ -208,6 +199,11 @@ DecoderLm::DecoderLm(const DecoderConfig& config, DecoderOptions options)
   const double std_dev = options_.init_std >= 0 ? options_.init_std : config_.initializer_range;
   torch::NoGradGuard no_grad;
   auto params = impl_->module->named_parameters();
+  if (!options_.random_init) {
+    for (auto& item : params) item.value().zero_();
+    impl_->module->to(options_.dtype);
+    return;
+  }
   for (const auto& [name, shape] : decoder_parameter_shapes(config_)) {
     torch::Tensor full;
     if (ends_with(name, "norm.weight")) {
@@ -394,6 +390,7 @@ void DecoderLm::save_pretrained(const std::string& dir, uint64_t max_shard_bytes
 DecoderLm load_pretrained(const std::string& dir, DecoderOptions options) {
   auto config = load_decoder_config(dir);
   io::WeightDirectory weights(dir);
+  options.random_init = false;  // every parameter is read next
   DecoderLm model(config, std::move(options));
   model.load(weights);
   return model;

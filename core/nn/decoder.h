@@ -56,6 +56,9 @@ struct DecoderOptions {
   at::ScalarType dtype = at::kFloat;      // parameters and activations
   uint64_t seed = 1234;                   // random initialisation (N(0, init_std), norms 1, biases 0)
   double init_std = -1;                   // < 0: the config's initializer_range
+  // false: parameters start at zero, for a model whose weights are loaded or synced next (no
+  // whole-tensor draw on every rank at start-up).
+  bool random_init = true;
 };
 
 // Copies share one module (like torch::nn's module holders): load_pretrained returns by value.

@@ -52,9 +52,8 @@ GenerationResult generate(const DecoderLm& model, const std::vector<std::vector<
     mask[i].narrow(0, L - n, n).fill_(1);
     mask[i].narrow(0, L, steps).fill_(1);
   }
-  auto positions_of = [&](int64_t slots) {
-    return (mask.narrow(1, 0, slots).cumsum(1) - 1).clamp_min(0);
-  };
+  // Every slot's RoPE position, known up front (generated slots are all real).
+  const auto positions = (mask.cumsum(1) - 1).clamp_min(0);
 
   GenerationResult result;
   result.tokens.resize(B), result.logprobs.resize(B), result.finish_reasons.assign(B, "");
@@ -71,11 +70,11 @@ GenerationResult generate(const DecoderLm& model, const std::vector<std::vector<
     torch::Tensor input;
     if (!use_kv_cache) {
       input = ids.narrow(1, 0, slots);
-      in.position_ids = positions_of(slots);
+      in.position_ids = positions.narrow(1, 0, slots);
     } else {
       in.cache = &cache;
       input = ids.narrow(1, cache.length, slots - cache.length);
-      in.position_ids = positions_of(slots).narrow(1, cache.length, slots - cache.length);
+      in.position_ids = positions.narrow(1, cache.length, slots - cache.length);
     }
     auto logits = model.forward(input, in).select(1, 0);
     auto next = sample_tokens(logits, params, generator);

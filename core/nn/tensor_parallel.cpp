@@ -2,14 +2,13 @@
 
 #include <torch/torch.h>
 
+#include <optional>
+
 #include "core/error.h"
+#include "core/text.h"
 
 namespace tessera::nn {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i) + "."; }
 
@@ -35,45 +34,67 @@ int64_t local_kv_heads(const DecoderConfig& c, int tp) {
   return c.num_key_value_heads >= tp ? c.num_key_value_heads / tp : 1;
 }
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> decoder_parameter_shapes(const DecoderConfig& c) {
+namespace {
+
+// One layer's parameters, by name inside the layer ("self_attn.q_proj.weight"), in module order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> layer_parameter_shapes(const DecoderConfig& c) {
   const int64_t d = c.hidden_size, q = c.q_width(), kv = c.kv_width(), f = c.intermediate_size;
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  out.push_back({"model.embed_tokens.weight", {c.vocab_size, d}});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const auto p = layer_prefix(i);
-    out.push_back({p + "self_attn.q_proj.weight", {q, d}});
-    if (c.qkv_bias) out.push_back({p + "self_attn.q_proj.bias", {q}});
-    out.push_back({p + "self_attn.k_proj.weight", {kv, d}});
-    if (c.qkv_bias) out.push_back({p + "self_attn.k_proj.bias", {kv}});
-    out.push_back({p + "self_attn.v_proj.weight", {kv, d}});
-    if (c.qkv_bias) out.push_back({p + "self_attn.v_proj.bias", {kv}});
-    out.push_back({p + "self_attn.o_proj.weight", {d, q}});
-    if (c.o_bias) out.push_back({p + "self_attn.o_proj.bias", {d}});
-    if (c.qk_norm) {
-      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
-      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
-    }
-    out.push_back({p + "mlp.gate_proj.weight", {f, d}});
-    if (c.mlp_bias) out.push_back({p + "mlp.gate_proj.bias", {f}});
-    out.push_back({p + "mlp.up_proj.weight", {f, d}});
-    if (c.mlp_bias) out.push_back({p + "mlp.up_proj.bias", {f}});
-    out.push_back({p + "mlp.down_proj.weight", {d, f}});
-    if (c.mlp_bias) out.push_back({p + "mlp.down_proj.bias", {d}});
-    out.push_back({p + "input_layernorm.weight", {d}});
-    out.push_back({p + "post_attention_layernorm.weight", {d}});
+  out.push_back({"self_attn.q_proj.weight", {q, d}});
+  if (c.qkv_bias) out.push_back({"self_attn.q_proj.bias", {q}});
+  out.push_back({"self_attn.k_proj.weight", {kv, d}});
+  if (c.qkv_bias) out.push_back({"self_attn.k_proj.bias", {kv}});
+  out.push_back({"self_attn.v_proj.weight", {kv, d}});
+  if (c.qkv_bias) out.push_back({"self_attn.v_proj.bias", {kv}});
+  out.push_back({"self_attn.o_proj.weight", {d, q}});
+  if (c.o_bias) out.push_back({"self_attn.o_proj.bias", {d}});
+  if (c.qk_norm) {
+    out.push_back({"self_attn.q_norm.weight", {c.head_dim}});
+    out.push_back({"self_attn.k_norm.weight", {c.head_dim}});
   }
-  out.push_back({"model.norm.weight", {d}});
-  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
+  out.push_back({"mlp.gate_proj.weight", {f, d}});
+  if (c.mlp_bias) out.push_back({"mlp.gate_proj.bias", {f}});
+  out.push_back({"mlp.up_proj.weight", {f, d}});
+  if (c.mlp_bias) out.push_back({"mlp.up_proj.bias", {f}});
+  out.push_back({"mlp.down_proj.weight", {d, f}});
+  if (c.mlp_bias) out.push_back({"mlp.down_proj.bias", {d}});
+  out.push_back({"input_layernorm.weight", {d}});
+  out.push_back({"post_attention_layernorm.weight", {d}});
   return out;
 }
 
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> decoder_parameter_shapes(const DecoderConfig& c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  out.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}});
+  const auto layer = layer_parameter_shapes(c);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    for (const auto& [name, shape] : layer) out.push_back({layer_prefix(i) + name, shape});
+  out.push_back({"model.norm.weight", {c.hidden_size}});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}});
+  return out;
+}
+
+std::optional<std::vector<int64_t>> decoder_parameter_shape(const DecoderConfig& c, const std::string& name) {
+  if (name == "model.embed_tokens.weight" || (name == "lm_head.weight" && !c.tie_word_embeddings))
+    return std::vector<int64_t>{c.vocab_size, c.hidden_size};
+  if (name == "model.norm.weight") return std::vector<int64_t>{c.hidden_size};
+  const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const auto dot = name.find('.', prefix.size());
+  const auto index = name.substr(prefix.size(), dot == std::string::npos ? 0 : dot - prefix.size());
+  if (index.empty() || index.size() > 9 || index.find_first_not_of("0123456789") != std::string::npos ||
+      (index.size() > 1 && index[0] == '0') || std::stoll(index) >= c.num_hidden_layers)
+    return std::nullopt;
+  for (const auto& [suffix, shape] : layer_parameter_shapes(c))
+    if (name.compare(dot + 1, std::string::npos, suffix) == 0) return shape;
+  return std::nullopt;
+}
+
 TpShard decoder_tp_shard(const DecoderConfig& c, const std::string& name, int rank, int tp) {
-  const bool known = [&] {
-    for (const auto& [n, shape] : decoder_parameter_shapes(c))
-      if (n == name) return true;
-    return false;
-  }();
-  if (!known) throw Error("decoder_tp_shard: '" + name + "' is not a parameter of this " + c.model_type() + " model");
+  if (!decoder_parameter_shape(c, name))
+    throw Error("decoder_tp_shard: '" + name + "' is not a parameter of this " + c.model_type() + " model");
   TpShard s;
   auto split = [&](int dim, int64_t full) {
     s.dim = dim;

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,8 @@ int64_t local_kv_heads(const DecoderConfig& config, int tp_size);
 
 // The full (unsharded, Hugging Face) shape of every parameter, in module order.
 std::vector<std::pair<std::string, std::vector<int64_t>>> decoder_parameter_shapes(const DecoderConfig& config);
+// One parameter's full shape by name, without listing the others; nullopt for a name the model lacks.
+std::optional<std::vector<int64_t>> decoder_parameter_shape(const DecoderConfig& config, const std::string& name);
 // Rank `tp_rank`'s slice of parameter `name` (a Hugging Face name; Error when unknown).
 TpShard decoder_tp_shard(const DecoderConfig& config, const std::string& name, int tp_rank, int tp_size);
 // The local tensor of `shard` cut from the full tensor (a copy; padding rows are zeros).

@@ -1,19 +1,19 @@
 #include "core/nn/tp_maps.h"
 
+#include "core/error.h"
 #include "core/nn/tensor_parallel.h"
 
 namespace tessera::nn {
 
 affine::TensorMap decoder_tp_map(const DecoderConfig& config, const std::string& name, int tp, affine::DType dtype) {
-  std::vector<int64_t> full;
-  for (const auto& [n, shape] : decoder_parameter_shapes(config))
-    if (n == name) full = shape;
+  const auto full = decoder_parameter_shape(config, name);
+  if (!full) throw Error("decoder_tp_map: '" + name + "' is not a parameter of this " + config.model_type() + " model");
   affine::TensorMap map;
   map.name = name;
   map.dtype = dtype;
-  map.shape = affine::Dims(full);
+  map.shape = affine::Dims(*full);
   std::vector<TpShard> shards;
-  for (int r = 0; r < tp; ++r) shards.push_back(decoder_tp_shard(config, name, r, tp));  // throws on unknown names
+  for (int r = 0; r < tp; ++r) shards.push_back(decoder_tp_shard(config, name, r, tp));
   for (int r = 0; r < tp; ++r) {
     const auto& s = shards[size_t(r)];
     affine::Dims local = map.shape;
