@@ -84,6 +84,7 @@ struct SyncLink {
       std::vector<std::string> acks;
       for (int r = 0; r < peer_size; ++r) acks.push_back("ack/" + peer_role + "/" + std::to_string(r));
       shared->wait(acks, options.timeout);
+      rollout_finished("agreed/");
     } catch (const TimeoutError&) {
       throw TimeoutError("weight sync '" + options.session + "': the " + (training ? "rollout" : "training") +
                          " job did not meet within " + std::to_string(options.timeout.count()) +
@@ -145,7 +146,8 @@ struct SyncLink {
     return problems;
   }
 
-  // Every rollout rank's verdict, read by every rank of both jobs.
+  // Every rollout rank's verdict, read by every rank of both jobs; the training side returns only
+  // once every rollout rank has read them all (rollout_finished).
   std::string all_verdicts(const std::string& mine_if_rollout) {
     if (!training) shared->set(key("verdict", std::to_string(rank)), mine_if_rollout.empty() ? "ok" : mine_if_rollout);
     const int rollout_size = training ? peer_size : size;
@@ -154,7 +156,20 @@ struct SyncLink {
       const auto v = shared->get_string(key("verdict", std::to_string(r)), options.timeout);
       if (v != "ok") failures += v;
     }
+    rollout_finished(key("verdicts_read", ""));
     return failures;
+  }
+
+  // The training job's rank 0 hosts the store, so the training side leaves a store exchange last:
+  // each rollout rank marks `phase` done (its last store call in it) and the training ranks wait
+  // for all of them. Otherwise a job that left right after would cut off a rollout rank still
+  // waiting for a reply.
+  void rollout_finished(const std::string& phase) {
+    const int rollout_size = training ? peer_size : size;
+    if (!training) return shared->set(phase + std::to_string(rank), "1");
+    std::vector<std::string> done;
+    for (int r = 0; r < rollout_size; ++r) done.push_back(phase + std::to_string(r));
+    shared->wait(done, options.timeout);
   }
 
   std::string key(const std::string& what, const std::string& rest) const {
