@@ -266,7 +266,11 @@ WeightSender::WeightSender(Engine& engine, const nn::DecoderConfig& config, cons
     link.sources[i].dtype = wire;  // same element offsets, in the mirror when cast
   }
   link.connect();
-  if (link.rank == 0) link.shared->set("source_maps", affine::maps_to_json(link.sources));
+  if (link.rank == 0) {
+    auto published = affine::maps_to_json(link.sources);
+    if (options.tamper_published_maps_for_testing) options.tamper_published_maps_for_testing(published);
+    link.shared->set("source_maps", published);
+  }
   link.sources = affine::maps_from_json(affine::maps_to_json(link.sources));  // exactly what the sink reads
   for (const auto& [name, shape] : nn::decoder_parameter_shapes(config))
     link.targets.push_back(nn::decoder_tp_map(config, name, link.peer_size, wire));
@@ -291,10 +295,11 @@ WeightSyncStats WeightSender::sync() {
     auto& buffer = mirror != impl_->cast_mirrors.end() ? mirror->second : impl_->storage.buffers.at(key);
     batch[i].source_buffers[link.rank] = {buffer.data_ptr(), buffer.numel(), link.sources[i].dtype};
   }
+  if (link.options.before_transfer_for_testing) link.options.before_transfer_for_testing(link.syncs);
   const auto t = std::chrono::steady_clock::now();
   const auto s = link.executor->execute(batch);
   stats.sync_ms = ms_since(t);
-  stats.bytes_sent = s.bytes_sent, stats.puts = s.puts;
+  stats.bytes_sent = s.bytes_sent, stats.puts = s.puts, stats.staging_peak_bytes = s.staging_peak_bytes;
   const auto v = std::chrono::steady_clock::now();
   link.publish_source_digests(batch);
   const auto failures = link.all_verdicts("");
@@ -349,6 +354,7 @@ WeightSyncStats RolloutSink::receive() {
   const auto s = link.executor->execute(batch);
   stats.sync_ms = ms_since(t);
   stats.bytes_sent = s.bytes_received, stats.puts = s.puts, stats.wire_to_useful = s.wire_to_useful;
+  stats.staging_peak_bytes = s.staging_peak_bytes;
   if (link.options.tamper_for_testing)
     for (size_t i = 0; i < impl_->params.size(); ++i) link.options.tamper_for_testing(link.plans[i].name, impl_->params[i]);
   const auto v = std::chrono::steady_clock::now();

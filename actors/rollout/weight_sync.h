@@ -56,6 +56,12 @@ struct WeightSyncOptions {
   // Tests only (the sink): called on each received local tensor after the transfer and before
   // the hashes, to show that a corrupted byte is caught.
   std::function<void(const std::string& name, at::Tensor& local)> tamper_for_testing;
+  // Tests only (the sender's rank 0): edits the source maps' JSON as published to the rollout job
+  // (not the maps the sender plans with), to show that two sides planning differently are refused.
+  std::function<void(std::string& source_maps_json)> tamper_published_maps_for_testing;
+  // Tests only (the sender): called on every training rank just before each sync's transfer batch
+  // with the sync's number (0, 1, ...), e.g. to kill a rank mid-sync.
+  std::function<void(uint64_t sync)> before_transfer_for_testing;
 };
 
 struct WeightSyncStats {
@@ -68,6 +74,7 @@ struct WeightSyncStats {
   double cast_ms = 0;           // training side: casting into the rollout's dtype (0 when equal)
   int64_t cast_mirror_bytes = 0;  // training side: the cast copy kept for that (outside staging)
   double wire_to_useful = 0;    // rollout side
+  int64_t staging_peak_bytes = 0;  // the transfer's staging buffer at its largest, this process
 };
 
 // For receivers that are not tessera's (vLLM- or SGLang-style engines): what the training engine's

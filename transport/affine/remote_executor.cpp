@@ -388,6 +388,7 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   }
   for (auto& r : done_receives) r.wait(options_.timeout);
   for (auto b : done_bytes) stats.bytes_received += static_cast<int64_t>(b);
+  stats.staging_peak_bytes = static_cast<int64_t>(staging.size());  // sized once, on first use
   if (stats.useful_bytes > 0)
     stats.wire_to_useful = static_cast<double>(stats.bytes_received + copied_into_me) / stats.useful_bytes;
   return stats;

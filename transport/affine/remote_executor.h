@@ -83,6 +83,7 @@ struct RemoteTransferStats {
   int64_t bytes_copied_locally = 0;  // source and target in this process
   int64_t bytes_staged = 0;          // packed into staging first (rows strided at the source)
   int64_t useful_bytes = 0;          // bytes of this process's target elements (each once)
+  int64_t staging_peak_bytes = 0;    // this process's staging buffer at its largest (0: none used)
   // (bytes_received + bytes copied into this process's targets) / useful_bytes; 1.0 when no
   // target element arrives twice; 0 when this process holds no target.
   double wire_to_useful = 0;
