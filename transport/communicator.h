@@ -58,8 +58,9 @@ struct CommunicatorOptions {
   std::string name = "world";
   // Default timeout of every operation and of the backend's own waits (Gloo pairs).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  // Gloo: loopback or this host's address for the pairs.
-  std::string gloo_hostname = "127.0.0.1";
+  // Gloo: the address the pairs listen on; "" = GLOO_SOCKET_IFNAME's interface when set, else the
+  // local address facing MASTER_ADDR (loopback on one node), so that ranks on other nodes reach it.
+  std::string gloo_hostname;
   // Gloo: threads of c10d's process group.
   int gloo_threads = 2;
 };

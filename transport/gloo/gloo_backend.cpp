@@ -4,6 +4,8 @@
 // lacks in LibTorch 1.13 (reduce-scatter: gloo::ReduceScatterHalvingDoubling; uneven all-gather:
 // gloo::allgatherv), over a second full mesh on the same device and store. bf16/fp16
 // reductions run in fp32; byte-moving operations run on a uint8 view (Gloo has no bf16).
+// The pairs listen on CommunicatorOptions::gloo_hostname, or where other nodes can reach them
+// (gloo_device below).
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <gloo/allgather.h>
@@ -13,6 +15,11 @@
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
 #include <tuple>
 
@@ -27,12 +34,44 @@ bool is_half(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t
 
 at::Tensor bytes(const at::Tensor& t) { return t.view(at::kByte); }
 
+// The local address the kernel routes from towards `host` (a connected UDP socket sends nothing).
+std::string address_facing(const std::string& host) {
+  const std::string hint = " (set GLOO_SOCKET_IFNAME to the interface Gloo should use)";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC, hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), "9", &hints, &found); rc != 0)
+    throw TransportError("gloo: cannot resolve MASTER_ADDR '" + host + "': " + gai_strerror(rc) + hint);
+  const int fd = socket(found->ai_family, SOCK_DGRAM, 0);
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  const bool ok = fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  char text[NI_MAXHOST];
+  if (!ok || getnameinfo(reinterpret_cast<sockaddr*>(&local), length, text, sizeof text, nullptr, 0, NI_NUMERICHOST) != 0)
+    throw TransportError("gloo: no local address routes to MASTER_ADDR '" + host + "'" + hint);
+  return text;
+}
+
+// Where this rank's pairs listen: the options' hostname when given; else the interface that
+// GLOO_SOCKET_IFNAME names (PyTorch's variable); else the local address facing MASTER_ADDR, which
+// ranks on other nodes can reach (loopback when MASTER_ADDR is unset or loopback, as on one node).
+std::shared_ptr<::gloo::transport::Device> gloo_device(const CommunicatorOptions& options) {
+  if (!options.gloo_hostname.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname);
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname && *ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  const char* master = std::getenv("MASTER_ADDR");
+  return c10d::ProcessGroupGloo::createDeviceForHostname(master && *master ? address_facing(master) : "127.0.0.1");
+}
+
 class GlooBackend : public Backend {
  public:
   GlooBackend(std::shared_ptr<Store> store, int rank, int size, const CommunicatorOptions& options)
       : rank_(rank), size_(size), timeout_(options.timeout) {
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname));
+    opts->devices.push_back(gloo_device(options));
     opts->threads = options.gloo_threads;
     pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10d_store(*store, "pg"), rank, size, opts);
     context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
