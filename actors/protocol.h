@@ -23,6 +23,11 @@
 // optimizer-shard (owns masters and optimizer states through its state store)
 //   <- step(StepRequest) -> StepReport   finish -> partitions -> update -> gather + zero
 //   <- states -> OptimizerStates         masters and states (storage maps, memory; between steps)
+// rollout-sink (owns the weight sync's link: UCX registration of the rollout's weights, the plans)
+//   <- sync -> SyncReport        one sync (in place: the live weights; double-buffered: the standby)
+//   <- listen                    receive syncs one after another (it sends itself `listen` again)
+//                                until the sink's stop flag is set
+//   <- stop -> Done              answered once no sync is under way (after the stop flag is set)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/rollout/weight_sync.h"
 #include "core/optim/optimizer_kernel.h"
 
 namespace tessera::actors {
@@ -51,6 +57,9 @@ using gather_atom = caf::atom_constant<caf::atom("gather")>;
 using buffers_atom = caf::atom_constant<caf::atom("buffers")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using states_atom = caf::atom_constant<caf::atom("states")>;
+using sync_atom = caf::atom_constant<caf::atom("sync")>;
+using listen_atom = caf::atom_constant<caf::atom("listen")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
 // A reply that carries only success or the error.
 struct Done {
@@ -109,6 +118,11 @@ struct OptimizerStates {
   std::exception_ptr error;
 };
 
+struct SyncReport {
+  WeightSyncStats stats;
+  std::exception_ptr error;
+};
+
 using gradient_reducer_actor = caf::typed_actor<
     caf::reacts_to<begin_atom>, caf::reacts_to<ready_atom, int64_t>, caf::reacts_to<bucket_atom, StagedBucket>,
     caf::reacts_to<flush_atom>, caf::reacts_to<reclaim_atom>, caf::reacts_to<poll_atom>,
@@ -119,12 +133,16 @@ using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
                      caf::replies_to<buffers_atom>::with<Buffers>>;
 
+using rollout_sink_actor = caf::typed_actor<caf::replies_to<sync_atom>::with<SyncReport>, caf::reacts_to<listen_atom>,
+                                            caf::replies_to<stop_atom>::with<Done>>;
+
 using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<StepReport>,
                                                caf::replies_to<states_atom>::with<OptimizerStates>>;
 
 }  // namespace tessera::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Done)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::SyncReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedBucket)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::FinishRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::GradientsReady)

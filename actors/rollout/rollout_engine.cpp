@@ -2,8 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "actors/actor_runtime.h"
 #include "core/error.h"
@@ -58,6 +60,16 @@ void decode(const std::vector<int64_t>& w, std::vector<std::vector<int64_t>>& pr
 
 }  // namespace
 
+// The double-buffered slot: idle (nobody holds it), writing (lent to the sink), staged (a verified
+// set awaits its swap). The sink's thread and the generating thread meet here.
+struct RolloutEngine::Standby {
+  enum class State { idle, writing, staged };
+  std::mutex mutex;
+  std::condition_variable changed;
+  State state = State::idle;
+  std::vector<torch::Tensor> tensors;
+};
+
 std::unique_ptr<RolloutEngine> RolloutEngine::create(const RolloutOptions& options) {
   if (options.model_dir.empty() && options.config_path.empty())
     throw ConfigError("RolloutEngine: give model_dir (config + weights) or config_path");
@@ -80,6 +92,8 @@ std::unique_ptr<RolloutEngine> RolloutEngine::create(const RolloutOptions& optio
   }
   std::unique_ptr<RolloutEngine> engine(new RolloutEngine());
   engine->group_ = group;
+  engine->timeout_ = options.timeout;
+  engine->standby_ = std::make_unique<Standby>();
   nn::DecoderOptions model_options;
   model_options.dtype = options.dtype;
   model_options.random_init = false;  // generate() refuses until weights are loaded or synced
@@ -100,6 +114,67 @@ std::unique_ptr<RolloutEngine> RolloutEngine::create(const RolloutOptions& optio
 }
 
 RolloutEngine::~RolloutEngine() = default;
+
+std::vector<at::Tensor> RolloutEngine::standby_for_writing(std::chrono::milliseconds timeout) {
+  auto& s = *standby_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  if (!s.changed.wait_for(lock, timeout, [&] { return s.state == Standby::State::idle; }))
+    throw TimeoutError("RolloutEngine: the staged weights (version " + std::to_string(weight_version_ + 1) +
+                       ") were not swapped in within " + std::to_string(timeout.count()) +
+                       " ms (double-buffered weights become live at the next generate())");
+  if (s.tensors.empty()) {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : model_->module()->parameters()) s.tensors.push_back(p.detach().clone());
+  }
+  s.state = Standby::State::writing;
+  return {s.tensors.begin(), s.tensors.end()};
+}
+
+uint64_t RolloutEngine::standby_written(bool verified) {
+  uint64_t version = 0;
+  {
+    std::lock_guard<std::mutex> lock(standby_->mutex);
+    standby_->state = verified ? Standby::State::staged : Standby::State::idle;
+    if (verified) version = weight_version_ + 1;
+  }
+  standby_->changed.notify_all();
+  return version;
+}
+
+uint64_t RolloutEngine::staged_version() const {
+  std::lock_guard<std::mutex> lock(standby_->mutex);
+  return standby_->state == Standby::State::staged ? weight_version_ + 1 : 0;
+}
+
+bool RolloutEngine::take_staged(bool wait, std::chrono::milliseconds timeout) {
+  const auto t = std::chrono::steady_clock::now();
+  auto& s = *standby_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  if (wait) {
+    if (!s.changed.wait_for(lock, timeout, [&] { return s.state == Standby::State::staged; }))
+      throw TimeoutError("RolloutEngine::generate: TP rank 0 swaps in version " + std::to_string(weight_version_ + 1) +
+                         ", which TP rank " + std::to_string(tp_rank()) + " has not staged within " +
+                         std::to_string(timeout.count()) + " ms");
+  } else if (s.state != Standby::State::staged) {
+    return false;
+  }
+  {
+    torch::NoGradGuard no_grad;
+    auto params = model_->module()->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto live = params[i].data();
+      params[i].set_data(s.tensors[i]);
+      s.tensors[i] = live;
+    }
+  }
+  s.state = Standby::State::idle;
+  ++weight_version_;
+  weights_torn_ = false;
+  lock.unlock();
+  s.changed.notify_all();
+  last_swap_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  return true;
+}
 
 int RolloutEngine::tp_rank() const { return model_->tp().rank; }
 int RolloutEngine::tp_size() const { return model_->tp().size; }
@@ -137,24 +212,35 @@ void RolloutEngine::load_weights(const std::string& dir) {
 
 nn::GenerationResult RolloutEngine::generate(const std::vector<std::vector<int64_t>>& prompts,
                                              const nn::SamplingParams& params, bool use_kv_cache) {
+  // Rank 0's request, everywhere (its length, then its words); its last word says whether to swap
+  // in the staged weights, and then every rank does. The checks come after it: every rank has the
+  // same versions then, so all refuse alike and no rank is left in a collective.
+  std::vector<std::vector<int64_t>> shared_prompts = prompts;
+  nn::SamplingParams shared_params = params;
+  bool shared_cache = use_kv_cache;
+  if (!group_) {
+    take_staged(false, {});
+  } else {
+    std::vector<int64_t> words;
+    if (group_->rank() == 0) {
+      words = encode(prompts, params, use_kv_cache);
+      words.push_back(staged_version() != 0 ? 1 : 0);
+    }
+    auto length = torch::tensor({int64_t(words.size())}, torch::kLong);
+    group_->broadcast(length, 0)->wait();
+    auto buffer =
+        group_->rank() == 0 ? torch::tensor(words, torch::kLong) : torch::empty({length.item<int64_t>()}, torch::kLong);
+    group_->broadcast(buffer, 0)->wait();
+    const int64_t* w = buffer.data_ptr<int64_t>();
+    if (w[buffer.numel() - 1] != 0) take_staged(true, timeout_);
+    shared_params = {};
+    decode(std::vector<int64_t>(w, w + buffer.numel() - 1), shared_prompts, shared_params, shared_cache);
+  }
   if (weight_version_ == 0)
     throw Error("RolloutEngine::generate: no weights yet (created from a config alone; load_weights or a sync first)");
   if (weights_torn_)
     throw Error("RolloutEngine::generate: the last weight sync (in place) failed; waiting for a good one (version " +
                 std::to_string(weight_version_) + " is partly overwritten)");
-  if (!group_) return nn::generate(*model_, prompts, params, use_kv_cache);
-  // Rank 0's request, everywhere: its length, then its words.
-  std::vector<int64_t> words;
-  if (group_->rank() == 0) words = encode(prompts, params, use_kv_cache);
-  auto length = torch::tensor({int64_t(words.size())}, torch::kLong);
-  group_->broadcast(length, 0)->wait();
-  auto buffer = group_->rank() == 0 ? torch::tensor(words, torch::kLong) : torch::empty({length.item<int64_t>()}, torch::kLong);
-  group_->broadcast(buffer, 0)->wait();
-  std::vector<std::vector<int64_t>> shared_prompts;
-  nn::SamplingParams shared_params;
-  bool shared_cache = true;
-  decode(std::vector<int64_t>(buffer.data_ptr<int64_t>(), buffer.data_ptr<int64_t>() + buffer.numel()), shared_prompts,
-         shared_params, shared_cache);
   return nn::generate(*model_, shared_prompts, shared_params, shared_cache);
 }
 

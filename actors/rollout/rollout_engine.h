@@ -8,12 +8,14 @@
 // Prompts and sampling parameters are TP rank 0's (like vLLM's driver worker): the other ranks
 // may pass anything (empty); rank 0 broadcasts them, so every rank runs the same batch, and rank
 // 0's sampled tokens are broadcast each step. Every rank returns the same result.
-// Weights come from a Hugging Face directory at create() or later through load_weights(); the
-// next issue's rollout-sink writes them in place through model().
+// Weights come from a Hugging Face directory at create() or later through load_weights(), or from
+// a RolloutSink (weight_sync.h): in place through model(), or double-buffered through the standby
+// slot below, which generate() swaps in on every TP rank at the same call.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -65,6 +67,19 @@ class RolloutEngine {
   void mark_weights_torn() { weights_torn_ = true; }
   bool weights_torn() const { return weights_torn_; }
 
+  // Double-buffered updates, for the rollout sink: a second set of tensors shaped as model()'s
+  // parameters (in named_parameters order; a clone of them at first use), written while generate()
+  // reads the live ones. standby_for_writing() waits while a staged set still awaits its swap
+  // (until `timeout`; throws TimeoutError) and lends the set; standby_written(true) stages it,
+  // false drops it (the live weights keep serving). The next generate() after staging swaps it in on
+  // every TP rank (TP rank 0 decides and says so in its broadcast request; the others wait for
+  // their own staged set) and adds 1 to the version. The swap exchanges storages (no copy).
+  std::vector<at::Tensor> standby_for_writing(std::chrono::milliseconds timeout);
+  uint64_t standby_written(bool verified);  // the version the staged set will be; 0 if dropped
+  uint64_t staged_version() const;  // the version the staged set becomes live as; 0: none staged
+  // Time generate() spent in its last swap (the pause a double-buffered sync costs generation).
+  double last_swap_ms() const { return last_swap_ms_; }
+
   int tp_rank() const;
   int tp_size() const;
   const nn::DecoderConfig& config() const { return model_->config(); }
@@ -74,9 +89,14 @@ class RolloutEngine {
  private:
   RolloutEngine() = default;
   std::shared_ptr<transport::Communicator> group_;
+  std::chrono::milliseconds timeout_{0};
   std::unique_ptr<nn::DecoderLm> model_;
   uint64_t weight_version_ = 0;
   bool weights_torn_ = false;
+  struct Standby;
+  std::unique_ptr<Standby> standby_;
+  double last_swap_ms_ = 0;
+  bool take_staged(bool wait, std::chrono::milliseconds timeout);  // swaps; false when none staged
 };
 
 }  // namespace tessera

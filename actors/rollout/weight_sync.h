@@ -10,19 +10,31 @@
 //
 // The two jobs meet in one store (the rollout job joins the training job's store server with the
 // same secret, as tests/transport/two_jobs.py starts them) and in UCX. At construction, which
-// is collective over both jobs, each side publishes its model config and the training side its
-// source maps; both sides compare the configs and refuse a mismatch with the same error, before
-// any byte moves. Each sync is one RemoteExecutor batch (it agrees on the plans' digests on every
-// process first), then verified: both ends hash the bytes of every (training rank, rollout rank)
-// pair of every tensor in the same order (core/affine/segment_digest.h) and the rollout ranks
-// compare; every rank of both jobs learns every verdict, so a mismatch (naming the tensor and both
-// ranks) fails the sync on all of them alike. Only a verified sync publishes a new weight version;
-// a failed one leaves the rollout engine refusing to generate until the next good sync.
+// is collective over both jobs, each side publishes its model config and the sync options both
+// must share; both sides compare them and refuse a mismatch with the same error, before any byte
+// moves. A sync goes start -> update -> verify -> publish (vLLM's weight-transfer phases): one
+// RemoteExecutor batch (it agrees on the plans' digests on every process first), then both ends
+// hash the bytes of every (training rank, rollout rank) pair of every tensor in the same order
+// (core/affine/segment_digest.h) and the rollout ranks compare; every rank of both jobs learns
+// every verdict, so a mismatch (naming the tensor and both ranks) fails the sync on all of them.
+// Only a verified sync publishes a new weight version.
+//
+// Modes (SinkMode):
+//   in_place        the sync writes the live weights: generation must not run during receive(),
+//                   and a failed sync leaves the engine refusing to generate until a good one.
+//   double_buffered the sync writes the engine's standby copy (one more copy of the rollout
+//                   weights) while generation goes on; a verified copy becomes live at the next
+//                   generate() on every TP rank (a swap of storages); a failed one is dropped and
+//                   the previous version keeps serving. listen() receives every sync on the sink
+//                   actor's own thread; wait_for_version() waits for one.
+// Delta syncs (delta = true): after a verified sync, only the elements whose bits changed since
+// then travel (core/affine/delta_packet.h), and the result is verified exactly as a full sync's
+// (the hashes cover every element, not only the changed ones). The training side keeps a copy of
+// the last synced bits of the buffers it sends (reported as delta_base_bytes); a delta larger than
+// the staging budget is sent as a full sync instead.
 // Dtypes: the wire carries the rollout's dtype; when the training weights differ (fp32 training,
 // bf16 rollout: the common case) the sender casts each flat weight buffer with LibTorch's .to()
 // into a copy it keeps (half the weights' bytes for bf16, reported as cast_mirror_bytes).
-// This increment syncs in place (generation must not run during receive()) and the whole model
-// each time; double buffering and delta syncs are the next increments.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +54,8 @@ namespace nn {
 struct DecoderConfig;
 }
 
+enum class SinkMode { in_place, double_buffered };
+
 struct WeightSyncOptions {
   std::string train_job;    // TESSERA_JOB of each job
   std::string rollout_job;
@@ -53,6 +67,8 @@ struct WeightSyncOptions {
   // cores and links; on 2 shared cores one sender measured faster: bench/sync, 1.3 s vs 2.3 s).
   // Both jobs must agree (part of the handshake).
   std::string replica_policy = "lowest";
+  bool delta = false;  // both jobs must agree (part of the handshake)
+  SinkMode mode = SinkMode::in_place;  // the sink's; the sender ignores it
   // Tests only (the sink): called on each received local tensor after the transfer and before
   // the hashes, to show that a corrupted byte is caught.
   std::function<void(const std::string& name, at::Tensor& local)> tamper_for_testing;
@@ -75,6 +91,16 @@ struct WeightSyncStats {
   int64_t cast_mirror_bytes = 0;  // training side: the cast copy kept for that (outside staging)
   double wire_to_useful = 0;    // rollout side
   int64_t staging_peak_bytes = 0;  // the transfer's staging buffer at its largest, this process
+  // Rollout side: how long generation could not run because of this sync (in place: from the
+  // first byte written to the publish; double-buffered: 0 here, the swap is
+  // RolloutEngine::last_swap_ms()).
+  double pause_ms = 0;
+  // Delta syncs.
+  bool delta = false;              // this sync sent deltas (false: the first, after a failure, or over budget)
+  double pack_ms = 0;              // training side: building the packets / rollout side: applying them
+  int64_t changed_elements = 0;    // training side: elements whose bits changed, summed over its packets
+  int64_t full_bytes = 0;          // training side: what a full sync would have sent from this process
+  int64_t delta_base_bytes = 0;    // training side: the copy of the last synced bits it keeps
 };
 
 // For receivers that are not tessera's (vLLM- or SGLang-style engines): what the training engine's
@@ -102,11 +128,21 @@ class WeightSender {
   std::unique_ptr<Impl> impl_;
 };
 
+// The rollout-sink: an actor (its own thread) that owns the sync's UCX registration of the
+// rollout's weight storage and writes the versions into the engine.
 class RolloutSink {
  public:
   RolloutSink(RolloutEngine& rollout, const WeightSyncOptions& options);
-  ~RolloutSink();
+  ~RolloutSink();  // stops listening (waits for a sync under way)
+  // One sync, blocking (until the training side syncs, within the timeout). In place: the live
+  // weights; double-buffered: into the standby copy, live at the next generate().
   WeightSyncStats receive();
+  // Double-buffered only: receive every sync as it comes, on the actor's thread, until stop().
+  void listen();
+  void stop();
+  // Listening: waits until sync `version` is staged or live (throws the error of a sync that failed
+  // meanwhile, or TimeoutError).
+  WeightSyncStats wait_for_version(uint64_t version, std::chrono::milliseconds timeout);
 
   struct Impl;
 

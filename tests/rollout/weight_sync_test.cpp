@@ -52,10 +52,11 @@ WeightSyncOptions sync_options(const std::string& session) {
   o.session = session;
   o.timeout = std::chrono::seconds(90);
   o.replica_policy = session.find("stage1") != std::string::npos ? "lowest" : "balanced";  // both policies
+  o.delta = session.find("delta") != std::string::npos;
   return o;
 }
 
-void train(const std::string& family, int stage, const std::string& session) {
+void train(const std::string& family, int stage, const std::string& session, int rounds = 2) {
   auto config = nn::testing::family_config(family);
   nn::DecoderOptions o;
   o.seed = 31;
@@ -65,7 +66,7 @@ void train(const std::string& family, int stage, const std::string& session) {
       initialize(model.module(), config::load_config_text(engine_toml(stage), config::Format::toml, "sync_test")).engine;
   WeightSender sender(*engine, config, sync_options(session));
   auto marks = actors::job_store()->shared("synctest/" + session);
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     for (int step = 0; step < 2; ++step) {
       auto g = at::detail::createCPUGenerator(uint64_t(1000 * round + 10 * step + kEnv.rank));
       auto tokens = torch::randint(0, config.vocab_size, {2, 13}, g, torch::kLong);
@@ -75,10 +76,12 @@ void train(const std::string& family, int stage, const std::string& session) {
     const auto stats = sender.sync();
     if (kEnv.rank == 0)
       std::printf("%s round %d: sent %lld bytes in %lld puts, plan %.1f ms, sync %.1f ms, verify %.1f ms, cast %.1f ms "
-                  "(mirror %lld bytes)\n", session.c_str(), round, static_cast<long long>(stats.bytes_sent),
-                  static_cast<long long>(stats.puts), stats.plan_ms, stats.sync_ms, stats.verify_ms, stats.cast_ms,
-                  static_cast<long long>(stats.cast_mirror_bytes));
+                  "(mirror %lld bytes), delta %d (%lld elements changed; a full sync sends %lld bytes)\n", session.c_str(),
+                  round, static_cast<long long>(stats.bytes_sent), static_cast<long long>(stats.puts), stats.plan_ms,
+                  stats.sync_ms, stats.verify_ms, stats.cast_ms, static_cast<long long>(stats.cast_mirror_bytes),
+                  int(stats.delta), static_cast<long long>(stats.changed_elements), static_cast<long long>(stats.full_bytes));
     CHECK((round == 0) == (stats.plan_ms > 0));
+    CHECK(stats.delta == (round > 0 && session.find("delta") != std::string::npos));
     if (kEnv.rank == 0) {
       model.save_pretrained(oracle_dir(session, round).string());
       marks->set("saved" + std::to_string(round), "1");
@@ -86,7 +89,7 @@ void train(const std::string& family, int stage, const std::string& session) {
   }
 }
 
-void receive(const std::string& family, const std::string& session, at::ScalarType dtype = at::kFloat) {
+void receive(const std::string& family, const std::string& session, at::ScalarType dtype = at::kFloat, int rounds = 2) {
   const auto config = nn::testing::family_config(family);
   const auto dir = fs::temp_directory_path() / ("tessera_sync_cfg_" + env("MASTER_PORT") + "_" + std::to_string(kEnv.rank));
   fs::create_directories(dir);
@@ -102,10 +105,13 @@ void receive(const std::string& family, const std::string& session, at::ScalarTy
   RolloutSink sink(*rollout, sync_options(session));
   auto marks = actors::job_store()->shared("synctest/" + session);
   std::map<std::string, torch::Tensor> previous;
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     const auto stats = sink.receive();
     CHECK(stats.version == uint64_t(round + 1));
-    CHECK(stats.wire_to_useful == 1.0);
+    const bool delta = round > 0 && session.find("delta") != std::string::npos;
+    CHECK(stats.delta == delta);
+    if (!delta) CHECK(stats.wire_to_useful == 1.0);
+    CHECK(stats.pause_ms > 0);
     marks->get("saved" + std::to_string(round), std::chrono::seconds(90));
     const auto oracle = nn::load_pretrained(oracle_dir(session, round).string());
     auto mine = rollout->model().module()->named_parameters();
@@ -121,7 +127,7 @@ void receive(const std::string& family, const std::string& session, at::ScalarTy
         expected = expected.narrow(shard.dim, 0, shard.length), got = got.narrow(shard.dim, 0, shard.length);
       }
       CHECK(torch::equal(got, expected));  // bitwise; NaN anywhere would fail
-      if (round == 1) CHECK_FALSE(torch::equal(got, previous.at(name)));  // training moved every weight
+      if (round > 0) CHECK_FALSE(torch::equal(got, previous.at(name)));  // training moved every weight
       previous[name] = got.clone();
       compared += got.numel();
     }
@@ -149,6 +155,12 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
   // fp32 training -> bf16 rollout, cast on the way.
   if (kTraining) train("qwen2", 2, "qwen2_bf16");
   else receive("qwen2", "qwen2_bf16", at::kBFloat16);
+  // Delta syncs after the first: bitwise the same result as full ones (the same oracle), in fp32
+  // (nearly every element changes: dense segments) and in bf16 (sparse changes).
+  if (kTraining) train("llama", 2, "llama_delta", 3);
+  else receive("llama", "llama_delta", at::kFloat, 3);
+  if (kTraining) train("qwen2", 1, "qwen2_bf16_delta_stage1", 3);
+  else receive("qwen2", "qwen2_bf16_delta_stage1", at::kBFloat16, 3);
   // A corrupted byte on one rollout rank is caught by the hashes on every rank of both jobs; that
   // rank's engine refuses to generate until the next, good, sync.
   {
@@ -215,6 +227,9 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
     for (const std::string family : {"llama", "qwen2"})
       for (int stage : {1, 2})
         for (int round : {0, 1}) fs::remove_all(oracle_dir(family + "_stage" + std::to_string(stage), round));
-  if (!kTraining && kEnv.rank == 0)
+  if (!kTraining && kEnv.rank == 0) {
     for (int round : {0, 1}) fs::remove_all(oracle_dir("qwen2_bf16", round));
+    for (int round : {0, 1, 2}) fs::remove_all(oracle_dir("llama_delta", round));
+    for (int round : {0, 1, 2}) fs::remove_all(oracle_dir("qwen2_bf16_delta_stage1", round));
+  }
 }

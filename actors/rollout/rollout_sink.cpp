@@ -1,0 +1,252 @@
+// RolloutSink (weight_sync.h): the rollout side of a sync, run by the rollout-sink actor.
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "actors/ask.h"
+#include "actors/protocol.h"
+#include "actors/rollout/rollout_engine.h"
+#include "actors/rollout/sync_link.h"
+#include "actors/rollout/weight_sync.h"
+#include "core/affine/delta_packet.h"
+#include "core/affine/serialize.h"
+#include "core/error.h"
+#include "core/nn/decoder.h"
+#include "core/nn/tensor_parallel.h"
+#include "core/nn/tp_maps.h"
+#include "transport/store.h"
+
+namespace tessera {
+namespace {
+
+// What the actor and the facade share: the link (used only on the actor's thread after
+// construction), and what listening has produced so far (under `mutex`).
+struct SinkCore {
+  std::unique_ptr<SyncLink> link;
+  RolloutEngine* rollout = nullptr;
+  std::vector<size_t> param_index;               // per plan: its position in module()->parameters()
+  std::vector<std::vector<uint8_t>> received;    // per training rank: its delta packet to this rank
+  std::atomic<bool> stop{false};
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  uint64_t latest_version = 0;  // staged or published by the last good sync
+  uint64_t failures = 0;
+  std::exception_ptr last_error;
+  WeightSyncStats last_stats;
+
+  WeightSyncStats receive(bool listening);
+  void record(const WeightSyncStats* stats, std::exception_ptr error);
+};
+
+// Drops a lent standby set on any exit but a verified one.
+struct StandbyLease {
+  RolloutEngine* rollout = nullptr;
+  ~StandbyLease() {
+    if (rollout) rollout->standby_written(false);
+  }
+};
+
+WeightSyncStats SinkCore::receive(bool listening) {
+  auto& l = *link;
+  WeightSyncStats stats;
+  stats.plan_ms = l.plan_once();
+  if (!l.wait_for_start(l.options.timeout, listening ? &stop : nullptr)) return stats;  // stopped
+  const bool double_buffered = l.options.mode == SinkMode::double_buffered;
+  auto live = rollout->model().module()->parameters();
+  std::vector<at::Tensor> written;
+  StandbyLease lease;
+  if (double_buffered) {
+    written = rollout->standby_for_writing(l.options.timeout);
+    lease.rollout = rollout;
+  } else {
+    for (auto& p : live) written.push_back(p);
+  }
+  auto batch = l.batch_skeleton();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto& p = written[param_index[i]];
+    batch[i].target_buffers[l.rank] = {p.data_ptr(), p.numel(), l.targets[i].dtype};
+  }
+  std::vector<std::vector<int64_t>> sizes;
+  if (l.delta_now()) sizes = l.agree_on_packets({});
+  const auto paused = std::chrono::steady_clock::now();
+  if (!double_buffered) rollout->mark_weights_torn();  // in place: from the first byte until verified
+  const auto t = std::chrono::steady_clock::now();
+  transport::RemoteTransferStats s;
+  if (!sizes.empty()) {
+    // A delta builds on the last verified version: the live weights, which the standby copies first.
+    if (double_buffered) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < live.size(); ++i) written[i].copy_(live[i]);
+    }
+    auto packets = l.packet_batch(sizes);
+    received.resize(size_t(l.train_size()));
+    for (size_t i = 0; i < packets.size(); ++i)
+      if (l.packet_pairs[i].second == l.rank) {
+        auto& packet = received[size_t(l.packet_pairs[i].first)];
+        packet.resize(size_t(sizes[size_t(l.packet_pairs[i].first)][size_t(l.rank)]));
+        packets[i].target_buffers[0] = {packet.data(), int64_t(packet.size()), affine::DType::u8};
+      }
+    s = l.executor->execute(packets);
+    const auto a = std::chrono::steady_clock::now();
+    for (int src = 0; src < l.train_size(); ++src) {
+      const auto bytes = size_t(sizes[size_t(src)][size_t(l.rank)]);
+      if (bytes == 0) continue;
+      size_t cursor = 0;
+      for (size_t i = 0; i < l.plans.size(); ++i)
+        cursor = affine::apply_delta(l.plans[i], src, l.rank, received[size_t(src)].data(), bytes, cursor,
+                                     batch[i].target_buffers.at(l.rank));
+      if (cursor != bytes)
+        throw TransportError("weight sync '" + l.options.session + "': the delta packet from training rank " +
+                             std::to_string(src) + " has " + std::to_string(bytes - cursor) + " bytes past its end");
+    }
+    stats.pack_ms = ms_since(a);
+    stats.delta = true;
+  } else {
+    s = l.executor->execute(batch);
+  }
+  stats.sync_ms = ms_since(t);
+  stats.bytes_sent = s.bytes_received, stats.puts = s.puts, stats.wire_to_useful = s.wire_to_useful;
+  stats.staging_peak_bytes = s.staging_peak_bytes;
+  if (l.options.tamper_for_testing)
+    for (size_t i = 0; i < l.plans.size(); ++i) l.options.tamper_for_testing(l.plans[i].name, written[param_index[i]]);
+  const auto v = std::chrono::steady_clock::now();
+  const auto failures = l.all_verdicts(l.verify_target_digests(batch));
+  stats.verify_ms = ms_since(v);
+  ++l.syncs;
+  if (!failures.empty())
+    throw TransportError("weight sync '" + l.options.session + "': sync " + std::to_string(l.syncs) +
+                         " failed verification, " +
+                         (double_buffered ? "dropped; version " + std::to_string(rollout->weight_version()) + " keeps serving"
+                                          : std::string("generation paused until a good sync")) +
+                         ": " + failures);
+  if (double_buffered) {
+    lease.rollout = nullptr;
+    stats.version = rollout->standby_written(true);
+  } else {
+    stats.version = rollout->publish_synced_weights();
+    stats.pause_ms = ms_since(paused);
+  }
+  return stats;
+}
+
+void SinkCore::record(const WeightSyncStats* stats, std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stats) latest_version = stats->version, last_stats = *stats;
+    if (error) ++failures, last_error = error;
+  }
+  changed.notify_all();
+}
+
+actors::rollout_sink_actor::behavior_type rollout_sink(actors::rollout_sink_actor::pointer self,
+                                                       std::shared_ptr<SinkCore> core) {
+  return {
+      [core](actors::sync_atom) -> actors::SyncReport {
+        actors::SyncReport report;
+        try {
+          report.stats = core->receive(false);
+        } catch (...) {
+          report.error = std::current_exception();
+        }
+        return report;
+      },
+      [self, core](actors::listen_atom) {
+        if (core->stop.load()) return;
+        try {
+          const auto stats = core->receive(true);
+          if (stats.version != 0) core->record(&stats, nullptr);
+        } catch (...) {
+          core->record(nullptr, std::current_exception());
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a lost store fails at once: do not spin
+        }
+        if (!core->stop.load()) self->send(self, actors::listen_atom::value);
+      },
+      [](actors::stop_atom) -> actors::Done { return {}; },
+  };
+}
+
+}  // namespace
+
+struct RolloutSink::Impl {
+  std::shared_ptr<SinkCore> core;
+  actors::rollout_sink_actor actor;
+  bool listening = false;
+};
+
+RolloutSink::RolloutSink(RolloutEngine& rollout, const WeightSyncOptions& options) : impl_(std::make_unique<Impl>()) {
+  auto core = std::make_shared<SinkCore>();
+  core->rollout = &rollout;
+  core->link = std::make_unique<SyncLink>(options, false, rollout.tp_rank(), rollout.tp_size());
+  auto& link = *core->link;
+  const auto& config = rollout.config();
+  const auto wire = affine_dtype(rollout.dtype(), "the rollout engine's dtype");
+  if (link.rank == 0) link.shared->set("rollout_dtype", affine::dtype_name(wire));
+  link.agree_on_config(nn::decoder_config_json(config));
+  link.connect();
+  std::map<std::string, size_t> position;
+  size_t n = 0;
+  for (const auto& item : rollout.model().module()->named_parameters()) position[item.key()] = n++;
+  for (const auto& [name, shape] : nn::decoder_parameter_shapes(config)) {
+    core->param_index.push_back(position.at(name));
+    link.targets.push_back(nn::decoder_tp_map(config, name, link.size, wire));
+  }
+  link.sources = affine::maps_from_json(link.shared->get_string("source_maps", options.timeout));
+  if (link.sources.size() != link.targets.size())
+    throw ConfigError("weight sync: the training job sends " + std::to_string(link.sources.size()) +
+                      " parameters, the rollout model has " + std::to_string(link.targets.size()));
+  impl_->core = core;
+  impl_->actor = actors::actor_system().spawn<caf::detached>(rollout_sink, core);
+}
+
+RolloutSink::~RolloutSink() {
+  try {
+    stop();
+  } catch (...) {
+  }
+  caf::anon_send_exit(impl_->actor, caf::exit_reason::user_shutdown);
+  caf::scoped_actor self{actors::actor_system()};
+  self->wait_for(impl_->actor);
+}
+
+WeightSyncStats RolloutSink::receive() {
+  if (impl_->listening) throw Error("RolloutSink::receive: the sink is listening (it receives every sync itself)");
+  const auto& o = impl_->core->link->options;
+  return actors::checked(actors::ask<actors::SyncReport>(impl_->actor, o.timeout * 4 + std::chrono::seconds(10),
+                                                         "rollout-sink '" + o.session + "'", actors::sync_atom::value))
+      .stats;
+}
+
+void RolloutSink::listen() {
+  if (impl_->core->link->options.mode != SinkMode::double_buffered)
+    throw ConfigError("RolloutSink::listen: only a double-buffered sink receives while generation runs (mode is in_place)");
+  if (impl_->listening) return;
+  impl_->listening = true;
+  caf::anon_send(impl_->actor, actors::listen_atom::value);
+}
+
+void RolloutSink::stop() {
+  if (!impl_->listening) return;
+  impl_->core->stop = true;
+  const auto& o = impl_->core->link->options;
+  actors::checked(actors::ask<actors::Done>(impl_->actor, o.timeout * 4 + std::chrono::seconds(10),
+                                            "rollout-sink '" + o.session + "'", actors::stop_atom::value));
+  impl_->listening = false;
+  impl_->core->stop = false;
+}
+
+WeightSyncStats RolloutSink::wait_for_version(uint64_t version, std::chrono::milliseconds timeout) {
+  auto& c = *impl_->core;
+  if (!impl_->listening) throw Error("RolloutSink::wait_for_version: the sink is not listening (call listen())");
+  std::unique_lock<std::mutex> lock(c.mutex);
+  const uint64_t failures = c.failures;
+  if (!c.changed.wait_for(lock, timeout, [&] { return c.latest_version >= version || c.failures != failures; }))
+    throw TimeoutError("RolloutSink::wait_for_version: version " + std::to_string(version) + " did not arrive within " +
+                       std::to_string(timeout.count()) + " ms (latest " + std::to_string(c.latest_version) + ")");
+  if (c.latest_version < version) std::rethrow_exception(c.last_error);
+  return c.last_stats;
+}
+
+}  // namespace tessera

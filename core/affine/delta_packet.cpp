@@ -1,0 +1,162 @@
+#include "core/affine/delta_packet.h"
+
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+namespace tessera::affine {
+namespace {
+
+// Calls row(first_element_offset, length, stride, position_of_first) for every innermost row of
+// the segment's walk, on the source (source_side) or the target side.
+template <class Row>
+void for_each_row(const Segment& s, bool source_side, Row&& row) {
+  const int64_t offset = source_side ? s.source_offset : s.target_offset;
+  const Dims& strides = source_side ? s.source_strides : s.target_strides;
+  const int nd = s.shape.size();
+  if (s.elements() == 0) return;
+  if (nd == 0) return row(offset, int64_t{1}, int64_t{1}, int64_t{0});
+  Dims index(nd, 0);
+  const int64_t inner = s.shape[nd - 1];
+  for (int64_t position = 0;; position += inner) {
+    int64_t at = offset;
+    for (int k = 0; k < nd - 1; ++k) at += index[k] * strides[k];
+    row(at, inner, strides[nd - 1], position);
+    int k = nd - 2;
+    while (k >= 0 && ++index[k] == s.shape[k]) index[k] = 0, --k;
+    if (k < 0) return;
+  }
+}
+
+void put_u32(std::vector<uint8_t>& out, uint32_t v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), p, p + 4);
+}
+
+[[noreturn]] void malformed(const Plan& plan, int source_rank, int target_rank, const std::string& what) {
+  throw TransportError("delta packet for tensor '" + plan.name + "' from source rank " + std::to_string(source_rank) +
+                       " to target rank " + std::to_string(target_rank) + ": " + what);
+}
+
+// Element bits compared as one unsigned word of the element's size.
+template <class Word>
+void append_segment(const Segment& s, const uint8_t* current, const uint8_t* last, std::vector<uint8_t>& packet,
+                    DeltaPacketStats& stats) {
+  constexpr int64_t es = sizeof(Word);
+  const int64_t n = s.elements();
+  std::vector<uint32_t> positions;
+  for_each_row(s, true, [&](int64_t at, int64_t length, int64_t stride, int64_t position) {
+    for (int64_t i = 0; i < length; ++i) {
+      const int64_t e = (at + i * stride) * es;
+      Word now, before;
+      std::memcpy(&now, current + e, es);
+      std::memcpy(&before, last + e, es);
+      if (now != before) positions.push_back(static_cast<uint32_t>(position + i));
+    }
+  });
+  stats.elements += n;
+  stats.changed += static_cast<int64_t>(positions.size());
+  const size_t start = packet.size();
+  if (int64_t(positions.size()) * (4 + es) >= n * es) {
+    ++stats.dense_segments;
+    put_u32(packet, kDenseSegment);
+    packet.resize(packet.size() + size_t(n * es));
+    uint8_t* out = packet.data() + packet.size() - n * es;
+    for_each_row(s, true, [&](int64_t at, int64_t length, int64_t stride, int64_t position) {
+      if (stride == 1) return void(std::memcpy(out + position * es, current + at * es, size_t(length * es)));
+      for (int64_t i = 0; i < length; ++i) std::memcpy(out + (position + i) * es, current + (at + i * stride) * es, es);
+    });
+  } else {
+    put_u32(packet, static_cast<uint32_t>(positions.size()));
+    for (uint32_t p : positions) put_u32(packet, p);
+    // Values in position order: walk again, picking the changed ones.
+    size_t next = 0;
+    packet.resize(packet.size() + positions.size() * es);
+    uint8_t* out = packet.data() + packet.size() - positions.size() * es;
+    for_each_row(s, true, [&](int64_t at, int64_t length, int64_t stride, int64_t position) {
+      while (next < positions.size() && positions[next] < position + length) {
+        std::memcpy(out + next * es, current + (at + (positions[next] - position) * stride) * es, es);
+        ++next;
+      }
+    });
+  }
+  stats.bytes += static_cast<int64_t>(packet.size() - start);
+}
+
+// Target offset of the element at `position` of the segment's row-major walk.
+int64_t target_address(const Segment& s, int64_t position) {
+  int64_t at = s.target_offset;
+  for (int k = s.shape.size() - 1; k >= 0; --k) {
+    at += (position % s.shape[k]) * s.target_strides[k];
+    position /= s.shape[k];
+  }
+  return at;
+}
+
+}  // namespace
+
+void append_delta(const Plan& plan, int source_rank, int target_rank, const LocalBuffer& current,
+                  const LocalBuffer& last, std::vector<uint8_t>& packet, DeltaPacketStats& stats) {
+  const int64_t es = element_size(plan.dtype);
+  const auto* now = static_cast<const uint8_t*>(current.data);
+  const auto* before = static_cast<const uint8_t*>(last.data);
+  for (const auto& s : plan.segments) {
+    if (s.source_rank != source_rank || s.target_rank != target_rank) continue;
+    if (s.elements() >= int64_t(kDenseSegment))
+      throw TransportError("delta packet for tensor '" + plan.name + "': a segment of " + std::to_string(s.elements()) +
+                           " elements is beyond 32-bit positions");
+    switch (es) {
+      case 1: append_segment<uint8_t>(s, now, before, packet, stats); break;
+      case 2: append_segment<uint16_t>(s, now, before, packet, stats); break;
+      case 4: append_segment<uint32_t>(s, now, before, packet, stats); break;
+      case 8: append_segment<uint64_t>(s, now, before, packet, stats); break;
+      default: throw TransportError("delta packet: element size " + std::to_string(es) + " of '" + plan.name + "'");
+    }
+  }
+}
+
+size_t apply_delta(const Plan& plan, int source_rank, int target_rank, const uint8_t* packet, size_t size,
+                   size_t cursor, const LocalBuffer& target) {
+  const int64_t es = element_size(plan.dtype);
+  auto* base = static_cast<uint8_t*>(target.data);
+  auto need = [&](size_t bytes, const char* what) {
+    if (size - cursor < bytes) malformed(plan, source_rank, target_rank, std::string("ends inside ") + what);
+  };
+  for (const auto& s : plan.segments) {
+    if (s.source_rank != source_rank || s.target_rank != target_rank) continue;
+    const int64_t n = s.elements();
+    need(4, "a segment header");
+    uint32_t count;
+    std::memcpy(&count, packet + cursor, 4);
+    cursor += 4;
+    if (count == kDenseSegment) {
+      need(size_t(n * es), "a whole segment");
+      const uint8_t* in = packet + cursor;
+      for_each_row(s, false, [&](int64_t at, int64_t length, int64_t stride, int64_t position) {
+        if (stride == 1) return void(std::memcpy(base + at * es, in + position * es, size_t(length * es)));
+        for (int64_t i = 0; i < length; ++i) std::memcpy(base + (at + i * stride) * es, in + (position + i) * es, es);
+      });
+      cursor += size_t(n * es);
+      continue;
+    }
+    if (int64_t(count) > n) malformed(plan, source_rank, target_rank, "more changes than the segment has elements");
+    need(size_t(count) * (4 + es), "its changes");
+    const uint8_t* positions = packet + cursor;
+    const uint8_t* values = positions + size_t(count) * 4;
+    for (uint32_t i = 0; i < count; ++i) {
+      uint32_t p;
+      std::memcpy(&p, positions + size_t(i) * 4, 4);
+      if (int64_t(p) >= n) malformed(plan, source_rank, target_rank, "a position outside its segment");
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      uint32_t p;
+      std::memcpy(&p, positions + size_t(i) * 4, 4);
+      std::memcpy(base + target_address(s, p) * es, values + size_t(i) * es, es);
+    }
+    cursor += size_t(count) * (4 + es);
+  }
+  return cursor;
+}
+
+}  // namespace tessera::affine
