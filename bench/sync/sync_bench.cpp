@@ -7,16 +7,23 @@
 //               training weights at ZeRO 0-2 are whole on every rank, so the gather is free) into
 //               a staging tensor, then cuts its shard out of it (cut_shard); wire = TP x useful.
 // Rank 0 of the rollout job prints JSON lines: per mode the median time per sync, wire bytes /
-// useful bytes, staged bytes; the plan time (once); and the ratio sync / broadcast.
+// useful bytes, staged bytes; the plan time (once); and the ratio sync / broadcast. Every process
+// also prints a "process" line: its bytes and puts per sync (the training side also the largest
+// put, from the same plans the sync replays), its transfer's staging peak, and its peak RSS
+// (getrusage ru_maxrss) after the sync phase and at the end; run_sync_bench.py measures
+// ucx_perftest at those put sizes.
 #include <CLI/CLI.hpp>
 
 #include <torch/torch.h>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "actors/actor_runtime.h"
 #include "actors/engine/engine.h"
@@ -25,7 +32,9 @@
 #include "core/affine/builders.h"
 #include "core/affine/planner.h"
 #include "core/config/load.h"
+#include "core/affine/replica_policy.h"
 #include "core/nn/decoder.h"
+#include "core/nn/tp_maps.h"
 #include "transport/affine/remote_executor.h"
 #include "transport/launch_env.h"
 #include "transport/store.h"
@@ -53,6 +62,37 @@ tessera::nn::DecoderConfig bench_config(int hidden, int layers, int vocab) {
   return tessera::nn::parse_decoder_config(json, "sync_bench");
 }
 
+// This process's peak resident set so far, in KiB (Linux: ru_maxrss is in KiB).
+long max_rss_kib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
+// The puts a RemoteExecutor issues for one segment (transport/affine/remote_executor.cpp): a
+// segment of 2+ axes whose target is one dense block goes through staging as chunks of at most
+// `staging_bytes`; any other segment as one put per innermost row (contiguous at the target) or
+// per element. Calls f(bytes) per put; staging chunks may be cut shorter where a previous
+// segment left the staging buffer part full, so the count is a lower bound.
+template <class F>
+void for_each_put(const tessera::affine::Segment& s, int64_t element_size, int64_t staging_bytes, F&& f) {
+  const int nd = s.shape.size();
+  if (s.elements() == 0) return;
+  int64_t expected = 1;
+  bool dense = true;
+  for (int k = nd - 1; k >= 0; --k) {
+    if (s.shape[k] != 1 && s.target_strides[k] != expected) dense = false;
+    expected *= s.shape[k];
+  }
+  if (nd > 1 && dense) {
+    for (int64_t left = s.elements() * element_size; left > 0; left -= staging_bytes) f(std::min(left, staging_bytes));
+    return;
+  }
+  const bool rows = nd > 0 && s.target_strides[nd - 1] == 1;
+  const int64_t run = rows ? s.shape[nd - 1] : 1;
+  for (int64_t i = 0; i < s.elements() / run; ++i) f(run * element_size);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,6 +106,8 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", vocab);
   app.add_option("--repeats", repeats);
   app.add_option("--stage", stage);
+  std::string replica_policy = "lowest";
+  app.add_option("--replica-policy", replica_policy, "lowest: training rank 0 sends every weight; balanced: all do");
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
   const bool training = role == "train";
@@ -74,14 +116,16 @@ int main(int argc, char** argv) {
   so.train_job = training ? env.job : peer;
   so.rollout_job = training ? peer : env.job;
   so.session = "bench";
+  so.replica_policy = replica_policy;
   try {
     // 1. tessera's sync.
     std::unique_ptr<tessera::nn::DecoderLm> model;
     std::shared_ptr<tessera::Engine> engine;
     std::unique_ptr<tessera::RolloutEngine> rollout;
-    std::vector<double> sync_ms, verify_ms;
+    std::vector<double> sync_ms, verify_ms, transfer_ms;
     double plan_ms = 0, wire = 0;
-    int64_t bytes = 0;
+    int64_t bytes = 0, puts = 0, staging_peak = 0;
+    int64_t largest_put = 0, planned_puts = 0;  // training side: from the plans
     if (training) {
       model = std::make_unique<tessera::nn::DecoderLm>(config);
       const std::string toml = "train_micro_batch_size_per_gpu = 1\n[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\n"
@@ -90,7 +134,13 @@ int main(int argc, char** argv) {
                                    tessera::config::load_config_text(toml, tessera::config::Format::toml, "bench"))
                    .engine;
       tessera::WeightSender sender(*engine, config, so);
-      for (int i = 0; i < repeats + 1; ++i) sender.sync();
+      for (int i = 0; i < repeats + 1; ++i) {
+        const auto s = sender.sync();
+        staging_peak = std::max(staging_peak, s.staging_peak_bytes);
+        if (i == 0) continue;
+        transfer_ms.push_back(s.sync_ms);
+        bytes = s.bytes_sent, puts = s.puts;
+      }
     } else {
       const auto dir = std::filesystem::temp_directory_path() / ("tessera_sync_bench_" + std::to_string(::getppid()) + "_" +
                                                                  std::to_string(env.rank));
@@ -109,9 +159,12 @@ int main(int argc, char** argv) {
         }
         sync_ms.push_back(s.sync_ms + s.verify_ms);
         verify_ms.push_back(s.verify_ms);
-        wire = s.wire_to_useful, bytes = s.bytes_sent;
+        transfer_ms.push_back(s.sync_ms);
+        wire = s.wire_to_useful, bytes = s.bytes_sent, puts = s.puts;
+        staging_peak = std::max(staging_peak, s.staging_peak_bytes);
       }
     }
+    const long rss_after_sync_kib = max_rss_kib();
 
     // 2. gather-then-broadcast over the same executor: every rollout rank receives whole tensors.
     tessera::transport::UcxContext context({});
@@ -119,6 +172,23 @@ int main(int argc, char** argv) {
                                        "bench_broadcast");
     const int peer_size = peers.connect(peer);
     const int S = training ? env.world_size : peer_size, T = training ? peer_size : env.world_size;
+    if (training) {
+      // The puts of this rank, from the plans the sync replays (its source maps, the rollout's TP
+      // maps, the same replica policy).
+      const auto storage = engine->storage_maps();
+      std::map<std::string, const tessera::affine::TensorMap*> sources;
+      for (const auto& m : storage.maps)
+        if (m.kind == "param") sources[m.map.name] = &m.map;
+      tessera::affine::PlanOptions po;
+      po.policy = tessera::affine::parse_replica_policy(so.replica_policy);
+      for (const auto& [name, shape] : tessera::nn::decoder_parameter_shapes(config)) {
+        const auto target = tessera::nn::decoder_tp_map(config, name, T, tessera::affine::DType::f32);
+        const auto plan = tessera::affine::plan(target, *sources.at(name), po);
+        for (const auto& seg : plan.segments)
+          if (seg.source_rank == env.rank)
+            for_each_put(seg, 4, so.staging_bytes, [&](int64_t b) { largest_put = std::max(largest_put, b), ++planned_puts; });
+      }
+    }
     tessera::transport::RemoteExecutor executor(peers, "bench_broadcast");
     std::vector<tessera::affine::Plan> plans;
     const auto shapes = tessera::nn::decoder_parameter_shapes(config);
@@ -165,15 +235,28 @@ int main(int argc, char** argv) {
     if (!training && env.rank == 0) {
       const int64_t params_count = tessera::nn::decoder_parameter_count(config);
       std::printf("{\"bench\":\"weight_sync\",\"mode\":\"sync\",\"train_ranks\":%d,\"rollout_ranks\":%d,\"parameters\":%lld,"
-                  "\"bytes\":%lld,\"ms\":%.2f,\"verify_ms\":%.2f,\"wire_to_useful\":%.3f,\"plan_ms_once\":%.2f}\n",
+                  "\"bytes\":%lld,\"ms\":%.2f,\"transfer_ms\":%.2f,\"verify_ms\":%.2f,\"wire_to_useful\":%.3f,"
+                  "\"plan_ms_once\":%.2f,\"replica_policy\":\"%s\",\"ucx_tls\":\"%s\"}\n",
                   S, T, static_cast<long long>(params_count), static_cast<long long>(params_count * 4), median(sync_ms),
-                  median(verify_ms), wire, plan_ms);
+                  median(transfer_ms), median(verify_ms), wire, plan_ms, so.replica_policy.c_str(),
+                  std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "(default)");
       std::printf("{\"bench\":\"weight_sync\",\"mode\":\"gather_broadcast\",\"train_ranks\":%d,\"rollout_ranks\":%d,"
                   "\"ms\":%.2f,\"wire_to_useful\":%.3f}\n",
                   S, T, median(broadcast_ms), bytes > 0 ? double(broadcast_bytes) / double(bytes) : 0.0);
       std::printf("{\"bench\":\"weight_sync\",\"ratio_sync_to_gather_broadcast\":%.3f,\"rank0_bytes_received\":%lld}\n",
                   median(sync_ms) / median(broadcast_ms), static_cast<long long>(bytes));
     }
+    // Every process: what it moved per sync, its staging peak and its peak RSS.
+    std::printf("{\"bench\":\"weight_sync\",\"mode\":\"process\",\"role\":\"%s\",\"rank\":%d,\"%s\":%lld,"
+                "\"puts\":%lld,\"avg_put_bytes\":%.0f,\"largest_put_bytes\":%lld,\"planned_puts\":%lld,"
+                "\"transfer_ms\":%.2f,\"staging_peak_bytes\":%lld,\"staging_bytes\":%lld,"
+                "\"max_rss_kib_after_sync\":%ld,\"max_rss_kib\":%ld}\n",
+                role.c_str(), env.rank, training ? "bytes_sent" : "bytes_received", static_cast<long long>(bytes),
+                static_cast<long long>(puts), puts > 0 ? double(bytes) / double(puts) : 0.0,
+                static_cast<long long>(largest_put), static_cast<long long>(planned_puts), median(transfer_ms),
+                static_cast<long long>(staging_peak), static_cast<long long>(so.staging_bytes), rss_after_sync_kib,
+                max_rss_kib());
+    std::fflush(stdout);
     // The training job hosts the store: it stays until every rollout rank is done with it.
     auto shared = tessera::actors::job_store()->shared("bench_exit");
     if (!training) shared->set("rollout/" + std::to_string(env.rank), "1");
