@@ -3,6 +3,9 @@
 #include <c10/util/Exception.h>
 #include <c10/core/ScalarType.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -33,10 +36,17 @@ at::ScalarType scalar_type(affine::DType t) {
   return t == affine::DType::bf16 ? at::kBFloat16 : t == affine::DType::f16 ? at::kHalf : at::kFloat;
 }
 
+std::string node_name() {
+  if (const char* name = std::getenv("TESSERA_NODE_NAME"); name && *name) return name;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) return "localhost";
+  return host;
+}
+
 SyncLink::SyncLink(const WeightSyncOptions& o, bool is_training, int my_rank, int my_size)
     : options(o), training(is_training), rank(my_rank), size(my_size) {
-  if (o.replica_policy != "balanced" && o.replica_policy != "lowest")
-    throw ConfigError("weight sync: replica_policy '" + o.replica_policy + "' is not one of balanced, lowest");
+  if (o.replica_policy != "balanced" && o.replica_policy != "lowest" && o.replica_policy != "local")
+    throw ConfigError("weight sync: replica_policy '" + o.replica_policy + "' is not one of lowest, local, balanced");
   if (o.train_job.empty() || o.rollout_job.empty() || o.train_job == o.rollout_job)
     throw ConfigError("weight sync: train_job and rollout_job must name the two jobs (got '" + o.train_job + "', '" +
                       o.rollout_job + "')");
@@ -67,6 +77,7 @@ void SyncLink::agree_on_config(const std::string& config_json) {
     shared->set(role + "_config", own);
     shared->set(role + "_size", std::to_string(size));
   }
+  shared->set("node/" + role + "/" + std::to_string(rank), node_name());  // before the ack: read after it
   std::string theirs;
   try {
     theirs = shared->get_string(peer_role + "_config", options.timeout);
@@ -75,6 +86,9 @@ void SyncLink::agree_on_config(const std::string& config_json) {
     std::vector<std::string> acks;
     for (int r = 0; r < peer_size; ++r) acks.push_back("ack/" + peer_role + "/" + std::to_string(r));
     shared->wait(acks, options.timeout);
+    for (int r = 0; r < train_size(); ++r) train_nodes.push_back(shared->get_string("node/train/" + std::to_string(r), options.timeout));
+    for (int r = 0; r < rollout_size(); ++r)
+      rollout_nodes.push_back(shared->get_string("node/rollout/" + std::to_string(r), options.timeout));
     rollout_finished("agreed/");
   } catch (const TimeoutError&) {
     throw TimeoutError("weight sync '" + options.session + "': the " + (training ? "rollout job '" + options.rollout_job : "training job '" + options.train_job) +
@@ -94,7 +108,23 @@ double SyncLink::plan_once() {
   const auto t = std::chrono::steady_clock::now();
   plans.clear();
   affine::PlanOptions po;
-  po.policy = affine::parse_replica_policy(options.replica_policy);
+  if (options.replica_policy == "local") {
+    // Processes: training ranks first, then rollout ranks; nodes by name.
+    affine::Placement placement;
+    std::map<std::string, int> node_ids;
+    auto node_id = [&](const std::string& name) { return node_ids.emplace(name, int(node_ids.size())).first->second; };
+    for (int r = 0; r < train_size(); ++r) {
+      placement.source_process[r] = r;
+      placement.process_node[r] = node_id(train_nodes[size_t(r)]);
+    }
+    for (int r = 0; r < rollout_size(); ++r) {
+      placement.target_process[r] = train_size() + r;
+      placement.process_node[train_size() + r] = node_id(rollout_nodes[size_t(r)]);
+    }
+    po.policy = affine::ReplicaPolicy::local(placement);
+  } else {
+    po.policy = affine::parse_replica_policy(options.replica_policy);
+  }
   for (size_t i = 0; i < targets.size(); ++i) plans.push_back(affine::plan(targets[i], sources[i], po));
   planned = true;
   return ms_since(t);

@@ -32,6 +32,8 @@ namespace tessera {
 double ms_since(std::chrono::steady_clock::time_point t);
 affine::DType affine_dtype(at::ScalarType t, const std::string& what);
 at::ScalarType scalar_type(affine::DType t);
+// The node this process runs on, for the "local" replica policy: TESSERA_NODE_NAME, else the host name.
+std::string node_name();
 
 struct SyncLink {
   WeightSyncOptions options;
@@ -46,6 +48,7 @@ struct SyncLink {
   bool planned = false;
   uint64_t syncs = 0;        // completed sync attempts, the same count on both sides
   bool last_verified = false;  // the last attempt verified: a delta may build on it
+  std::vector<std::string> train_nodes, rollout_nodes;  // node_name() of every rank of each job
 
   SyncLink(const WeightSyncOptions& o, bool is_training, int my_rank, int my_size);
   ~SyncLink();

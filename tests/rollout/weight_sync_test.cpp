@@ -52,6 +52,7 @@ WeightSyncOptions sync_options(const std::string& session) {
   o.session = session;
   o.timeout = std::chrono::seconds(90);
   o.replica_policy = session.find("stage1") != std::string::npos ? "lowest" : "balanced";  // both policies
+  if (session.find("local") != std::string::npos) o.replica_policy = "local";
   o.delta = session.find("delta") != std::string::npos;
   return o;
 }
@@ -64,7 +65,12 @@ void train(const std::string& family, int stage, const std::string& session, int
   nn::testing::randomize_norms_and_biases(model.module(), 32);
   auto engine =
       initialize(model.module(), config::load_config_text(engine_toml(stage), config::Format::toml, "sync_test")).engine;
+  // "local": training rank r on node r, rollout rank t on node (t + 1) % 2 (named, as on real
+  // nodes; crossed, so that the lowest or a balanced choice would differ).
+  const bool local = session.find("local") != std::string::npos;
+  if (local) setenv("TESSERA_NODE_NAME", ("node" + std::to_string(kEnv.rank)).c_str(), 1);
   WeightSender sender(*engine, config, sync_options(session));
+  unsetenv("TESSERA_NODE_NAME");
   auto marks = actors::job_store()->shared("synctest/" + session);
   for (int round = 0; round < rounds; ++round) {
     for (int step = 0; step < 2; ++step) {
@@ -82,6 +88,15 @@ void train(const std::string& family, int stage, const std::string& session, int
                   int(stats.delta), static_cast<long long>(stats.changed_elements), static_cast<long long>(stats.full_bytes));
     CHECK((round == 0) == (stats.plan_ms > 0));
     CHECK(stats.delta == (round > 0 && session.find("delta") != std::string::npos));
+    if (local) {  // this rank sent exactly what the rollout ranks on its node received
+      const int rollout_size = std::stoi(marks->get_string("rollout_size", std::chrono::seconds(90)));
+      int64_t on_my_node = 0;
+      for (int t = 1 - kEnv.rank; t < rollout_size; t += 2)
+        on_my_node += std::stoll(marks->get_string("received" + std::to_string(round) + "/" + std::to_string(t),
+                                                   std::chrono::seconds(90)));
+      CHECK(stats.bytes_sent == on_my_node);
+      CHECK(on_my_node > 0);
+    }
     if (kEnv.rank == 0) {
       model.save_pretrained(oracle_dir(session, round).string());
       marks->set("saved" + std::to_string(round), "1");
@@ -102,8 +117,12 @@ void receive(const std::string& family, const std::string& session, at::ScalarTy
     torch::NoGradGuard no_grad;
     for (auto& p : rollout->model().module()->parameters()) p.fill_(std::numeric_limits<float>::quiet_NaN());
   }
+  if (session.find("local") != std::string::npos)
+    setenv("TESSERA_NODE_NAME", ("node" + std::to_string((kEnv.rank + 1) % 2)).c_str(), 1);
   RolloutSink sink(*rollout, sync_options(session));
+  unsetenv("TESSERA_NODE_NAME");
   auto marks = actors::job_store()->shared("synctest/" + session);
+  if (kEnv.rank == 0) marks->set("rollout_size", std::to_string(kEnv.world_size));
   std::map<std::string, torch::Tensor> previous;
   for (int round = 0; round < rounds; ++round) {
     const auto stats = sink.receive();
@@ -112,6 +131,7 @@ void receive(const std::string& family, const std::string& session, at::ScalarTy
     CHECK(stats.delta == delta);
     if (!delta) CHECK(stats.wire_to_useful == 1.0);
     CHECK(stats.pause_ms > 0);
+    marks->set("received" + std::to_string(round) + "/" + std::to_string(kEnv.rank), std::to_string(stats.bytes_sent));
     marks->get("saved" + std::to_string(round), std::chrono::seconds(90));
     const auto oracle = nn::load_pretrained(oracle_dir(session, round).string());
     auto mine = rollout->model().module()->named_parameters();
@@ -161,6 +181,9 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
   else receive("llama", "llama_delta", at::kFloat, 3);
   if (kTraining) train("qwen2", 1, "qwen2_bf16_delta_stage1", 3);
   else receive("qwen2", "qwen2_bf16_delta_stage1", at::kBFloat16, 3);
+  // Replicas read on the rollout rank's node.
+  if (kTraining) train("llama", 2, "llama_local");
+  else receive("llama", "llama_local");
   // A corrupted byte on one rollout rank is caught by the hashes on every rank of both jobs; that
   // rank's engine refuses to generate until the next, good, sync.
   {
@@ -231,5 +254,6 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
     for (int round : {0, 1}) fs::remove_all(oracle_dir("qwen2_bf16", round));
     for (int round : {0, 1, 2}) fs::remove_all(oracle_dir("llama_delta", round));
     for (int round : {0, 1, 2}) fs::remove_all(oracle_dir("qwen2_bf16_delta_stage1", round));
+    for (int round : {0, 1}) fs::remove_all(oracle_dir("llama_local", round));
   }
 }
