@@ -129,8 +129,8 @@ TEST_CASE("Sharding plan: maps equal the affine layer's ZeRO builders on random 
 TEST_CASE("Sharding plan: refusals name what is wrong", "[zero][plan]") {
   ShardingPlanOptions o;
   CHECK_THROWS_WITH(ShardingPlan({}, o), Catch::Contains("no parameters"));
-  o.stage = 3;
-  CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("ZeRO stage 3"));
+  o.stage = 4;
+  CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("ZeRO stage 4"));
   o.stage = 1, o.world = 0;
   CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("data-parallel size 0"));
   o.world = 2, o.sub_group_elements = 0;
