@@ -130,6 +130,21 @@ std::vector<at::Tensor> RolloutEngine::standby_for_writing(std::chrono::millisec
   return {s.tensors.begin(), s.tensors.end()};
 }
 
+void RolloutEngine::adopt_standby(std::vector<at::Tensor> tensors) {
+  std::lock_guard<std::mutex> lock(standby_->mutex);
+  auto params = model_->module()->parameters();
+  if (standby_->state != Standby::State::idle || tensors.size() != params.size())
+    throw Error("RolloutEngine::adopt_standby: the standby set is in use, or " + std::to_string(tensors.size()) +
+                " tensors for " + std::to_string(params.size()) + " parameters");
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!tensors[i].sizes().equals(params[i].sizes()) || tensors[i].scalar_type() != params[i].scalar_type())
+      throw Error("RolloutEngine::adopt_standby: tensor " + std::to_string(i) + " is not shaped as its parameter");
+    tensors[i].copy_(params[i].detach());
+  }
+  standby_->tensors.assign(tensors.begin(), tensors.end());
+}
+
 uint64_t RolloutEngine::standby_written(bool verified) {
   uint64_t version = 0;
   {

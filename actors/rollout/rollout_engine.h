@@ -77,6 +77,9 @@ class RolloutEngine {
   std::vector<at::Tensor> standby_for_writing(std::chrono::milliseconds timeout);
   uint64_t standby_written(bool verified);  // the version the staged set will be; 0 if dropped
   uint64_t staged_version() const;  // the version the staged set becomes live as; 0: none staged
+  // For the sink: use `tensors` (shaped as the parameters, in their order) as the standby set from
+  // now on (memory it registered); they get the live values. Only while nothing is lent or staged.
+  void adopt_standby(std::vector<at::Tensor> tensors);
   // Time generate() spent in its last swap (the pause a double-buffered sync costs generation).
   double last_swap_ms() const { return last_swap_ms_; }
 

@@ -17,6 +17,7 @@
 #include "core/nn/tensor_parallel.h"
 #include "core/nn/tp_maps.h"
 #include "transport/store.h"
+#include "transport/ucx/ucx_memory.h"
 
 namespace tessera {
 namespace {
@@ -71,8 +72,13 @@ WeightSyncStats SinkCore::receive(bool listening) {
   }
   std::vector<std::vector<int64_t>> sizes;
   if (l.delta_now()) sizes = l.agree_on_packets({});
-  const auto paused = std::chrono::steady_clock::now();
-  if (!double_buffered) rollout->mark_weights_torn();  // in place: from the first byte until verified
+  // In place, generation pauses from the moment the transfer is agreed (no byte moved before; a
+  // refused batch leaves the weights serving) until the sync is verified.
+  auto paused = std::chrono::steady_clock::now();
+  const std::function<void()> agreed = [&] {
+    paused = std::chrono::steady_clock::now();
+    if (!double_buffered) rollout->mark_weights_torn();
+  };
   const auto t = std::chrono::steady_clock::now();
   transport::RemoteTransferStats s;
   if (!sizes.empty()) {
@@ -89,7 +95,7 @@ WeightSyncStats SinkCore::receive(bool listening) {
         packet.resize(size_t(sizes[size_t(l.packet_pairs[i].first)][size_t(l.rank)]));
         packets[i].target_buffers[0] = {packet.data(), int64_t(packet.size()), affine::DType::u8};
       }
-    s = l.executor->execute(packets);
+    s = l.executor->execute(packets, agreed);
     const auto a = std::chrono::steady_clock::now();
     for (int src = 0; src < l.train_size(); ++src) {
       const auto bytes = size_t(sizes[size_t(src)][size_t(l.rank)]);
@@ -105,7 +111,7 @@ WeightSyncStats SinkCore::receive(bool listening) {
     stats.pack_ms = ms_since(a);
     stats.delta = true;
   } else {
-    s = l.executor->execute(batch);
+    s = l.executor->execute(batch, agreed);
   }
   stats.sync_ms = ms_since(t);
   stats.bytes_sent = s.bytes_received, stats.puts = s.puts, stats.wire_to_useful = s.wire_to_useful;
@@ -168,6 +174,48 @@ actors::rollout_sink_actor::behavior_type rollout_sink(actors::rollout_sink_acto
   };
 }
 
+// One region of UCX-allocated memory holding a rank's rollout weights (and, double-buffered, the
+// standby copy): its flat weight storage. On one machine UCX places it in shared memory, so the
+// training ranks' puts land with one copy (a heap buffer gets emulated puts: bench/sync measured
+// about 70-270 MiB/s for those). Tensors made on it keep it, and the UCX context it needs, alive.
+struct WeightRegion {
+  std::shared_ptr<transport::UcxContext> context;
+  std::shared_ptr<transport::UcxMemory> memory;
+  ~WeightRegion() { memory.reset(); }  // before the context
+};
+
+// Moves the parameters (in named_parameters order) into `sets` consecutive copies of one region:
+// set 0 becomes the live weights, set 1 (if any) is returned as the standby set.
+std::vector<at::Tensor> place_in_ucx_memory(SyncLink& link, RolloutEngine& rollout, int sets) {
+  constexpr int64_t kAlign = 64;
+  auto params = rollout.model().module()->parameters();
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (const auto& p : params) {
+    offsets.push_back(total);
+    total += (int64_t(p.nbytes()) + kAlign - 1) / kAlign * kAlign;
+  }
+  auto region = std::make_shared<WeightRegion>();
+  region->context = link.context;
+  region->memory = transport::UcxMemory::allocate(*link.context, size_t(std::max<int64_t>(total * sets, kAlign)));
+  link.executor->use_registered(region->memory);
+  auto* base = static_cast<uint8_t*>(region->memory->address());
+  std::vector<at::Tensor> standby;
+  torch::NoGradGuard no_grad;
+  for (int set = 0; set < sets; ++set)
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto t = torch::from_blob(base + set * total + offsets[i], params[i].sizes(), [region](void*) {},
+                                params[i].options().requires_grad(false));
+      if (set == 0) {
+        t.copy_(params[i].detach());
+        params[i].set_data(t);
+      } else {
+        standby.push_back(t);
+      }
+    }
+  return standby;
+}
+
 }  // namespace
 
 struct RolloutSink::Impl {
@@ -186,6 +234,9 @@ RolloutSink::RolloutSink(RolloutEngine& rollout, const WeightSyncOptions& option
   if (link.rank == 0) link.shared->set("rollout_dtype", affine::dtype_name(wire));
   link.agree_on_config(nn::decoder_config_json(config));
   link.connect();
+  const bool double_buffered = options.mode == SinkMode::double_buffered;
+  auto standby = place_in_ucx_memory(link, rollout, double_buffered ? 2 : 1);
+  if (double_buffered) rollout.adopt_standby(std::move(standby));
   std::map<std::string, size_t> position;
   size_t n = 0;
   for (const auto& item : rollout.model().module()->named_parameters()) position[item.key()] = n++;

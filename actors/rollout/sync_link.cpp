@@ -56,7 +56,7 @@ SyncLink::SyncLink(const WeightSyncOptions& o, bool is_training, int my_rank, in
 SyncLink::~SyncLink() = default;
 
 void SyncLink::connect() {
-  context = std::make_unique<transport::UcxContext>(transport::UcxContextOptions{});
+  context = std::make_shared<transport::UcxContext>(transport::UcxContextOptions{});
   peers = std::make_unique<transport::UcxPeers>(*context, actors::job_store(), training ? options.train_job : options.rollout_job,
                                                 rank, size, "sync/" + options.session);
   peer_size = peers->connect(training ? options.rollout_job : options.train_job);

@@ -40,7 +40,7 @@ struct SyncLink {
   bool training = false;
   int rank = 0, size = 0, peer_size = 0;
   std::shared_ptr<transport::Store> shared;  // "shared/sync/<session>/"
-  std::unique_ptr<transport::UcxContext> context;
+  std::shared_ptr<transport::UcxContext> context;  // shared: memory it allocated may outlive the link
   std::unique_ptr<transport::UcxPeers> peers;
   std::unique_ptr<transport::RemoteExecutor> executor;
   std::vector<affine::TensorMap> sources, targets;  // per parameter, decoder_parameter_shapes order

@@ -80,6 +80,8 @@ struct WeightSyncOptions {
   // Tests only (the sender): called on every training rank just before each sync's transfer batch
   // with the sync's number (0, 1, ...), e.g. to kill a rank mid-sync.
   std::function<void(uint64_t sync)> before_transfer_for_testing;
+  // Tests only (the sender): the same, after the transfer batch (every byte put) and before the hashes.
+  std::function<void(uint64_t sync)> after_transfer_for_testing;
 };
 
 struct WeightSyncStats {

@@ -39,6 +39,7 @@
 #include "transport/launch_env.h"
 #include "transport/store.h"
 #include "transport/ucx/ucx_context.h"
+#include "transport/ucx/ucx_memory.h"
 #include "transport/ucx/ucx_peers.h"
 
 namespace {
@@ -198,8 +199,20 @@ int main(int argc, char** argv) {
     }
     std::vector<torch::Tensor> staging;  // rollout: one whole tensor per parameter
     auto params = training ? model->module()->named_parameters() : rollout->model().module()->named_parameters();
-    if (!training)
-      for (const auto& [name, shape] : shapes) staging.push_back(torch::empty(shape));
+    // The baseline's receive buffers live in UCX-allocated memory, as the sink's weights do (so
+    // both land puts in shared memory on one machine: the same transport, the same advantage).
+    std::shared_ptr<tessera::transport::UcxMemory> staging_memory;
+    if (!training) {
+      int64_t total = 0;
+      for (const auto& [name, shape] : shapes) total += tessera::affine::Dims(shape).product() * 4;
+      staging_memory = tessera::transport::UcxMemory::allocate(context, size_t(total));
+      executor.use_registered(staging_memory);
+      auto* base = static_cast<float*>(staging_memory->address());
+      for (const auto& [name, shape] : shapes) {
+        staging.push_back(torch::from_blob(base, shape, torch::kFloat));
+        base += tessera::affine::Dims(shape).product();
+      }
+    }
     std::vector<double> broadcast_ms;
     int64_t broadcast_bytes = 0;
     for (int i = 0; i < repeats + 1; ++i) {

@@ -92,7 +92,7 @@ void RemoteExecutor::use_registered(std::shared_ptr<UcxMemory> memory) {
   if (memory && memory->bytes()) registrations_[reinterpret_cast<uintptr_t>(memory->address())] = std::move(memory);
 }
 
-RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& batch) {
+RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& batch, const std::function<void()>& agreed) {
   RemoteTransferStats stats;
   const ProcessId me{peers_.job(), peers_.rank()};
   const uint64_t epoch = ++epoch_;
@@ -228,6 +228,7 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
       throw affine::TransferRefusedError(head + " refused on every process, no byte moved: " +
                                          (first_reject.empty() ? mismatch : first_reject));
   }
+  if (agreed) agreed();
 
   // Everyone voted in this epoch, so everyone finished epoch - 1 (and read its keys): this
   // process's keys of epoch - 1 can go, keeping the store from growing with every sync.
@@ -267,13 +268,14 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   std::set<UcxEndpoint*> round_endpoints;
   int64_t in_flight = 0;
   int64_t copied_into_me = 0;
-  std::vector<char> staging;  // packed rows strided at the source; reusable after a flush
+  std::vector<char>& staging = staging_;  // reusable after a flush
   int64_t staging_used = 0;
   auto end_round = [&] {
     for (auto* ep : round_endpoints) ep->flush(options_.timeout);
     round_endpoints.clear();
     if (in_flight > 0) ++stats.rounds;
     in_flight = 0;
+    stats.staging_peak_bytes = std::max(stats.staging_peak_bytes, staging_used);
     staging_used = 0;
   };
   for (size_t ti = 0; ti < batch.size(); ++ti) {
@@ -388,7 +390,6 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   }
   for (auto& r : done_receives) r.wait(options_.timeout);
   for (auto b : done_bytes) stats.bytes_received += static_cast<int64_t>(b);
-  stats.staging_peak_bytes = static_cast<int64_t>(staging.size());  // sized once, on first use
   if (stats.useful_bytes > 0)
     stats.wire_to_useful = static_cast<double>(stats.bytes_received + copied_into_me) / stats.useful_bytes;
   return stats;

@@ -37,6 +37,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -83,7 +84,7 @@ struct RemoteTransferStats {
   int64_t bytes_copied_locally = 0;  // source and target in this process
   int64_t bytes_staged = 0;          // packed into staging first (rows strided at the source)
   int64_t useful_bytes = 0;          // bytes of this process's target elements (each once)
-  int64_t staging_peak_bytes = 0;    // this process's staging buffer at its largest (0: none used)
+  int64_t staging_peak_bytes = 0;    // bytes of the staging buffer this batch filled at most in one round
   // (bytes_received + bytes copied into this process's targets) / useful_bytes; 1.0 when no
   // target element arrives twice; 0 when this process holds no target.
   double wire_to_useful = 0;
@@ -98,7 +99,9 @@ class RemoteExecutor {
   RemoteExecutor(const RemoteExecutor&) = delete;
   RemoteExecutor& operator=(const RemoteExecutor&) = delete;
 
-  RemoteTransferStats execute(const std::vector<RemoteTransfer>& batch);
+  // `agreed`, when given, runs once every process has agreed and before any byte moves (a sink
+  // marks its weights torn there, so a refused batch leaves them serving).
+  RemoteTransferStats execute(const std::vector<RemoteTransfer>& batch, const std::function<void()>& agreed = {});
 
   // Hands the executor memory registered elsewhere (e.g. UcxMemory::allocate, which on one
   // machine lets puts land in shared memory without emulation): target buffers inside it are
@@ -113,6 +116,7 @@ class RemoteExecutor {
   std::vector<std::string> published_;  // memory keys this process published in the last epoch
   // By base address; a target buffer uses the registration that contains it.
   std::map<uintptr_t, std::shared_ptr<UcxMemory>> registrations_;
+  std::vector<char> staging_;  // packed rows strided at the source; kept from one batch to the next
 };
 
 }  // namespace tessera::transport

@@ -1,5 +1,8 @@
 #include "transport/ucx/ucx_context.h"
 
+#include <chrono>
+#include <thread>
+
 #include <ucp/api/ucp.h>
 #include <uct/api/uct.h>
 
@@ -66,8 +69,15 @@ void UcxContext::wait(void* request, std::chrono::milliseconds timeout, const st
     return received_bytes ? ucp_tag_recv_request_test(request, &info) : ucp_request_check_status(request);
   };
   ucs_status_t status;
+  // Spin while the worker makes progress; once it has been idle a while, sleep briefly between
+  // polls, so a rank waiting for others (a rollout rank waiting for a sync) does not take the
+  // cores its peers are copying on (ranks of both jobs often share a machine's cores).
+  int idle = 0;
   while ((status = check()) == UCS_INPROGRESS) {
-    if (ucp_worker_progress(worker_) == 0 && std::chrono::steady_clock::now() > deadline) {
+    const bool progressed = ucp_worker_progress(worker_) != 0;
+    idle = progressed ? 0 : idle + 1;
+    if (idle > 256) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (!progressed && std::chrono::steady_clock::now() > deadline) {
       ucp_request_cancel(worker_, request);
       // The cancelled request completes (with UCS_ERR_CANCELED) on a later progress call.
       for (int i = 0; i < 100000 && ucp_request_check_status(request) == UCS_INPROGRESS; ++i)
