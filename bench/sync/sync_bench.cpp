@@ -6,6 +6,9 @@
 //   broadcast:  the baseline RL frameworks use: every rollout rank receives every full tensor (the
 //               training weights at ZeRO 0-2 are whole on every rank, so the gather is free) into
 //               a staging tensor, then cuts its shard out of it (cut_shard); wire = TP x useful.
+//   delta:      into a bf16 rollout: full syncs (the baseline), then delta syncs after changing
+//               --delta-fraction of every weight's elements; training rank 0 prints wire bytes
+//               full / delta, times, and the last-synced copy the delta keeps.
 // Rank 0 of the rollout job prints JSON lines: per mode the median time per sync, wire bytes /
 // useful bytes, staged bytes; the plan time (once); and the ratio sync / broadcast. Every process
 // also prints a "process" line: its bytes and puts per sync (the training side also the largest
@@ -109,6 +112,9 @@ int main(int argc, char** argv) {
   app.add_option("--stage", stage);
   std::string replica_policy = "lowest";
   app.add_option("--replica-policy", replica_policy, "lowest: training rank 0 sends every weight; balanced: all do");
+  double delta_fraction = 0.02;
+  app.add_option("--delta-fraction", delta_fraction,
+                 "delta phase: fraction of each weight's elements changed between syncs (bf16 rollout; 0: skip)");
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
   const bool training = role == "train";
@@ -258,6 +264,73 @@ int main(int argc, char** argv) {
                   S, T, median(broadcast_ms), bytes > 0 ? double(broadcast_bytes) / double(bytes) : 0.0);
       std::printf("{\"bench\":\"weight_sync\",\"ratio_sync_to_gather_broadcast\":%.3f,\"rank0_bytes_received\":%lld}\n",
                   median(sync_ms) / median(broadcast_ms), static_cast<long long>(bytes));
+    }
+    // 3. Delta syncs into a bf16 rollout (the common case: fp32 training, cast on the way) when a
+    // fraction of the elements changed: the first sync is full, the next ones send deltas.
+    if (delta_fraction > 0) {
+      tessera::WeightSyncOptions d = so;
+      d.session = "bench_delta";
+      d.delta = true;
+      tessera::WeightSyncOptions f = so;  // the same, full every time: the baseline
+      f.session = "bench_bf16_full";
+      std::vector<double> delta_ms, pack_ms, full_runs;
+      double full_ms = 0;
+      int64_t full_wire = 0, delta_wire = 0, changed = 0, full_bytes = 0, base_bytes = 0, mirror_bytes = 0;
+      if (training) {
+        {
+          tessera::WeightSender full(*engine, config, f);
+          for (int i = 0; i < repeats + 1; ++i) {
+            const auto s = full.sync();
+            if (i > 0) full_runs.push_back(s.cast_ms + s.sync_ms + s.verify_ms);
+            full_wire = s.bytes_sent;
+          }
+          full_ms = median(full_runs);
+        }
+        tessera::WeightSender sender(*engine, config, d);
+        sender.sync();  // the first is full
+        for (int i = 0; i < repeats; ++i) {
+          {  // change `delta_fraction` of every weight's elements by 5% (enough to change their bf16 bits)
+            torch::NoGradGuard no_grad;
+            auto g = at::detail::createCPUGenerator(uint64_t(77 + i));
+            for (auto& p : model->module()->parameters()) {
+              auto flat = p.view({-1});
+              const auto picked = torch::rand({flat.numel()}, g) < delta_fraction;
+              flat.copy_(torch::where(picked, flat * 1.05f + 1e-3f, flat));  // the rest keep their bits
+            }
+          }
+          const auto s = sender.sync();
+          delta_ms.push_back(s.cast_ms + s.pack_ms + s.sync_ms + s.verify_ms), pack_ms.push_back(s.pack_ms);
+          delta_wire = s.bytes_sent, changed = s.changed_elements, full_bytes = s.full_bytes;
+          base_bytes = s.delta_base_bytes, mirror_bytes = s.cast_mirror_bytes;
+          if (!s.delta) throw tessera::Error("the delta phase's sync " + std::to_string(i + 1) + " was not a delta");
+        }
+        if (env.rank == 0)
+          std::printf("{\"bench\":\"weight_sync\",\"mode\":\"delta\",\"rollout_dtype\":\"bf16\",\"changed_fraction\":%.3f,"
+                      "\"changed_elements\":%lld,\"full_wire_bytes\":%lld,\"delta_wire_bytes\":%lld,"
+                      "\"wire_ratio_full_to_delta\":%.2f,\"full_ms\":%.2f,\"delta_ms\":%.2f,\"pack_ms\":%.2f,"
+                      "\"delta_base_bytes\":%lld,\"cast_mirror_bytes\":%lld,\"full_bytes_of_packed\":%lld}\n",
+                      delta_fraction, static_cast<long long>(changed), static_cast<long long>(full_wire),
+                      static_cast<long long>(delta_wire), delta_wire > 0 ? double(full_wire) / double(delta_wire) : 0.0,
+                      full_ms, median(delta_ms), median(pack_ms), static_cast<long long>(base_bytes),
+                      static_cast<long long>(mirror_bytes), static_cast<long long>(full_bytes));
+      } else {
+        const auto dir = std::filesystem::temp_directory_path() /
+                         ("tessera_sync_bench_delta_" + std::to_string(::getppid()) + "_" + std::to_string(env.rank));
+        std::filesystem::create_directories(dir);
+        std::ofstream(dir / "config.json") << tessera::nn::decoder_config_json(config);
+        tessera::RolloutOptions ro;
+        ro.config_path = (dir / "config.json").string();
+        ro.dtype = at::kBFloat16;
+        auto bf16 = tessera::RolloutEngine::create(ro);
+        std::filesystem::remove_all(dir);
+        {
+          tessera::RolloutSink full(*bf16, f);
+          for (int i = 0; i < repeats + 1; ++i) full.receive();
+        }
+        tessera::RolloutSink sink(*bf16, d);
+        sink.receive();
+        for (int i = 0; i < repeats; ++i) sink.receive();
+      }
     }
     // Every process: what it moved per sync, its staging peak and its peak RSS.
     std::printf("{\"bench\":\"weight_sync\",\"mode\":\"process\",\"role\":\"%s\",\"rank\":%d,\"%s\":%lld,"
