@@ -26,6 +26,7 @@
 #include "core/config/load.h"
 #include "core/nn/decoder.h"
 #include "tests/nn/decoder_models.h"
+#include "tests/rollout/two_job_process.h"
 #include "transport/launch_env.h"
 #include "transport/store.h"
 
@@ -34,14 +35,9 @@ using namespace tessera;
 
 namespace {
 
-const auto kEnv = transport::LaunchEnv::from_env();
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-const bool kTraining = env("TESSERA_UCX_ROLE") == "train";
+using testing::env;
+using testing::kEnv;
+using testing::kTraining;
 const std::string kSession = "double_buffered";
 const char* kCorrupted = "model.layers.0.mlp.up_proj.weight";
 

@@ -45,6 +45,7 @@
 #include "core/nn/decoder.h"
 #include "core/nn/tp_maps.h"
 #include "tests/nn/decoder_models.h"
+#include "tests/rollout/two_job_process.h"
 #include "transport/launch_env.h"
 #include "transport/store.h"
 
@@ -54,14 +55,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const auto kEnv = transport::LaunchEnv::from_env();
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-const bool kTraining = env("TESSERA_UCX_ROLE") == "train";
+using testing::env;
+using testing::kEnv;
+using testing::kTraining;
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
@@ -73,11 +69,6 @@ double monotonic_ms() {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-std::string engine_toml(int stage) {
-  return "train_micro_batch_size_per_gpu = 2\ngradient_accumulation_steps = 1\n[optimizer]\ntype = \"AdamW\"\n"
-         "[optimizer.params]\nlr = 1e-2\n[zero_optimization]\nstage = " + std::to_string(stage) +
-         "\nreduce_bucket_size = 4000\n[tessera.transport]\ncollective_timeout_ms = 60000\n";
-}
 
 WeightSyncOptions sync_options(const std::string& session, std::chrono::milliseconds timeout) {
   WeightSyncOptions o;
@@ -99,7 +90,7 @@ struct TrainingSide {
     o.seed = 7;
     model = std::make_unique<nn::DecoderLm>(config, o);
     nn::testing::randomize_norms_and_biases(model->module(), 8);
-    engine = initialize(model->module(), config::load_config_text(engine_toml(stage), config::Format::toml, "sync_failure"))
+    engine = initialize(model->module(), config::load_config_text(testing::sync_test_engine_toml(stage), config::Format::toml, "sync_failure"))
                  .engine;
   }
 

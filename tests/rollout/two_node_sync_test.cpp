@@ -31,6 +31,7 @@
 #include "core/config/load.h"
 #include "core/nn/decoder.h"
 #include "tests/nn/decoder_models.h"
+#include "tests/rollout/two_job_process.h"
 #include "transport/launch_env.h"
 #include "transport/store.h"
 
@@ -39,22 +40,12 @@ using namespace tessera;
 
 namespace {
 
-const auto kEnv = transport::LaunchEnv::from_env();
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-const bool kTraining = env("TESSERA_UCX_ROLE") == "train";
+using testing::env;
+using testing::kEnv;
+using testing::kTraining;
 const std::string kLink = env("TWO_NODE_IFACE");     // the veth (or bridge) in this namespace
 const fs::path kShared = env("TWO_NODE_DIR");        // a directory every namespace sees
 constexpr int kSyncs = 2;
-
-const char* kEngineToml =
-    "train_micro_batch_size_per_gpu = 2\ngradient_accumulation_steps = 1\n[optimizer]\ntype = \"AdamW\"\n"
-    "[optimizer.params]\nlr = 1e-2\n[zero_optimization]\nstage = 2\nreduce_bucket_size = 4000\n"
-    "[tessera.transport]\ncollective_timeout_ms = 60000\n";
 
 fs::path oracle_dir(int sync) { return kShared / ("oracle" + std::to_string(sync)); }
 
@@ -100,7 +91,7 @@ void train() {
   o.seed = 31;
   nn::DecoderLm model(config, o);
   nn::testing::randomize_norms_and_biases(model.module(), 32);
-  auto engine = initialize(model.module(), config::load_config_text(kEngineToml, config::Format::toml, "two_node")).engine;
+  auto engine = initialize(model.module(), config::load_config_text(testing::sync_test_engine_toml(2), config::Format::toml, "two_node")).engine;
   WeightSender sender(*engine, config, sync_options());
   auto marks = actors::job_store()->shared("two_node_test");
   for (int sync = 0; sync < kSyncs; ++sync) {

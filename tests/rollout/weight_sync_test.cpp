@@ -17,6 +17,7 @@
 #include "core/config/load.h"
 #include "core/nn/decoder.h"
 #include "tests/nn/decoder_models.h"
+#include "tests/rollout/two_job_process.h"
 #include "transport/launch_env.h"
 #include "transport/store.h"
 #include "actors/actor_runtime.h"
@@ -26,20 +27,10 @@ using namespace tessera;
 
 namespace {
 
-const auto kEnv = transport::LaunchEnv::from_env();
+using testing::env;
+using testing::kEnv;
+using testing::kTraining;
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-const bool kTraining = env("TESSERA_UCX_ROLE") == "train";
-
-std::string engine_toml(int stage) {
-  return "train_micro_batch_size_per_gpu = 2\ngradient_accumulation_steps = 1\n[optimizer]\ntype = \"AdamW\"\n"
-         "[optimizer.params]\nlr = 1e-2\n[zero_optimization]\nstage = " + std::to_string(stage) +
-         "\nreduce_bucket_size = 4000\n[tessera.transport]\ncollective_timeout_ms = 60000\n";
-}
 
 fs::path oracle_dir(const std::string& session, int round) {
   return fs::temp_directory_path() / ("tessera_sync_" + env("MASTER_PORT") + "_" + session + "_" + std::to_string(round));
@@ -64,7 +55,7 @@ void train(const std::string& family, int stage, const std::string& session, int
   nn::DecoderLm model(config, o);
   nn::testing::randomize_norms_and_biases(model.module(), 32);
   auto engine =
-      initialize(model.module(), config::load_config_text(engine_toml(stage), config::Format::toml, "sync_test")).engine;
+      initialize(model.module(), config::load_config_text(testing::sync_test_engine_toml(stage), config::Format::toml, "sync_test")).engine;
   // "local": training rank r on node r, rollout rank t on node (t + 1) % 2 (named, as on real
   // nodes; crossed, so that the lowest or a balanced choice would differ).
   const bool local = session.find("local") != std::string::npos;
@@ -198,7 +189,7 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
     if (kTraining) {
       nn::DecoderLm model(config);
       auto engine =
-          initialize(model.module(), config::load_config_text(engine_toml(2), config::Format::toml, "sync_test")).engine;
+          initialize(model.module(), config::load_config_text(testing::sync_test_engine_toml(2), config::Format::toml, "sync_test")).engine;
       WeightSender sender(*engine, config, options);
       sender.sync();
       CHECK_THROWS_WITH(sender.sync(), Catch::Contains("did not verify") &&
@@ -232,7 +223,7 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
     auto config = nn::testing::family_config("llama");
     nn::DecoderLm model(config);
     auto engine =
-        initialize(model.module(), config::load_config_text(engine_toml(1), config::Format::toml, "sync_test")).engine;
+        initialize(model.module(), config::load_config_text(testing::sync_test_engine_toml(1), config::Format::toml, "sync_test")).engine;
     CHECK_THROWS_WITH(WeightSender(*engine, config, sync_options("mismatch")),
                       Catch::Contains("the two jobs' models differ") && Catch::Contains("qwen3"));
   } else {
