@@ -46,14 +46,26 @@ void append_segment(const Segment& s, const uint8_t* current, const uint8_t* las
   constexpr int64_t es = sizeof(Word);
   const int64_t n = s.elements();
   std::vector<uint32_t> positions;
+  auto compare = [&](int64_t e, int64_t position) {
+    Word now, before;
+    std::memcpy(&now, current + e, es);
+    std::memcpy(&before, last + e, es);
+    if (now != before) positions.push_back(static_cast<uint32_t>(position));
+  };
   for_each_row(s, true, [&](int64_t at, int64_t length, int64_t stride, int64_t position) {
-    for (int64_t i = 0; i < length; ++i) {
-      const int64_t e = (at + i * stride) * es;
-      Word now, before;
-      std::memcpy(&now, current + e, es);
-      std::memcpy(&before, last + e, es);
-      if (now != before) positions.push_back(static_cast<uint32_t>(position + i));
+    int64_t i = 0;
+    if (stride == 1) {
+      // Contiguous: skip 8-byte words whose bits all equal (most of them, when few changed).
+      constexpr int64_t per_word = 8 / es;
+      for (; i + per_word <= length; i += per_word) {
+        uint64_t x, y;
+        std::memcpy(&x, current + (at + i) * es, 8);
+        std::memcpy(&y, last + (at + i) * es, 8);
+        if (x != y)
+          for (int64_t k = 0; k < per_word; ++k) compare((at + i + k) * es, position + i + k);
+      }
     }
+    for (; i < length; ++i) compare((at + i * stride) * es, position + i);
   });
   stats.elements += n;
   stats.changed += static_cast<int64_t>(positions.size());
