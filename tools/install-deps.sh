@@ -15,6 +15,7 @@ packages=(
   libssl-dev                                      # HMAC-SHA256 of the store's handshake
   libbenchmark-dev                                # bench harness
   python3-torch                                   # the decoder logits oracle (tests/nn/reference_decoder.py)
+  iproute2                                        # ip netns: the two-node sync test (tests/rollout/two_node_sync.py)
 )
 
 missing=()
