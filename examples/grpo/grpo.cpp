@@ -1,19 +1,27 @@
 // grpo: the RL loop tessera is built for, on a task with a verifiable reward (reverse 4 digits,
 // reverse_task.h). Two jobs, started together by run_grpo.py:
-//   --role train    (DP ranks) a Qwen3-style policy under the ZeRO engine; a short supervised
-//                   warm-up teaches the format, then GRPO: for each step it publishes prompts,
-//                   reads the rollout job's G samples per prompt with their log-probabilities,
-//                   scores them, normalises rewards per group ((r - mean) / (std + 1e-6)),
-//                   recomputes the policy's log-probabilities (pi_old: one update per batch, so
-//                   the ratio starts at 1), minimises the clipped-ratio objective (eps 0.2) with an
-//                   optional k3 KL to the post-warm-up policy (--kl-beta), token-level
-//                   normalisation over the whole batch, then syncs the weights into the rollout job.
-//   --role rollout  (TP ranks) a RolloutEngine; per step: receive the new weights (in place:
-//                   generation pauses meanwhile, the pause is reported), generate, publish samples.
+//   --role train    (DP ranks) a Qwen3-style policy under the ZeRO engine (examples/grpo/policy:
+//                   the bundled tiny-qwen3 with 2 layers); a short supervised warm-up teaches the
+//                   format, then GRPO: for each step it publishes prompts, reads the rollout job's G
+//                   samples per prompt with their log-probabilities, scores them, normalises rewards
+//                   per group ((r - mean) / (std + 1e-6); --no-std-norm: r - mean), recomputes the
+//                   policy's log-probabilities (pi_old: the policy before this batch's first update;
+//                   --epochs updates per batch, so from the second on the ratio moves and the clip
+//                   matters), minimises the clipped-ratio objective (eps 0.2) with an optional k3 KL
+//                   to the post-warm-up policy (--kl-beta), token-level normalisation over the whole
+//                   batch, then syncs the weights into the rollout job (--delta: changed elements only).
+//   --role rollout  (TP ranks) a RolloutEngine; per step it generates with the weights after every
+//                   update so far (version step + 1: 1 is the warmed-up policy) and publishes samples.
+//                   --sync-mode in_place: it receives each sync itself, generation cannot run while
+//                   the weights are written (pause = WeightSyncStats::pause_ms); double_buffered: the
+//                   sink listens on its own thread and writes a standby copy, the rollout waits for the
+//                   version and generate() swaps it in (pause = RolloutEngine::last_swap_ms()).
 // The jobs exchange prompts and samples (token ids, log-probs as hex floats) through the store
 // under "shared/grpo/"; weights go over UCX (actors/rollout/weight_sync.h).
 // Rank 0 of the training job prints a line per step (reward, KL, loss, tokens/s, the
-// training-vs-rollout log-prob mismatch, sync/pause ms, sync bytes) and writes a CSV.
+// training-vs-rollout log-prob mismatch, sync ms and whether it was a delta, pause ms, sync bytes)
+// and writes a CSV (also the lr, the mean negative log-prob of the samples, the clipped fraction,
+// and the accuracy of each answer position).
 #include <CLI/CLI.hpp>
 
 #include <torch/torch.h>
@@ -43,12 +51,27 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 struct Args {
-  std::string role, model_config = "configs/models/tiny-qwen3", csv = "grpo.csv", peer;
-  int steps = 250, prompts = 16, group = 8, sft_steps = 16, zero_stage = 2, new_tokens = grpo::kDigits + 1;
-  double lr = 2e-3, sft_lr = 3e-3, temperature = 1.0, clip = 0.2, kl_beta = 0.0;
+  std::string role, model_config = "examples/grpo/policy", csv = "grpo.csv", peer;
+  int steps = 250, prompts = 16, group = 8, sft_steps = 8, zero_stage = 2, new_tokens = grpo::kDigits + 1;
+  int epochs = 1, lr_warmup = 0;
+  double lr = 1e-3, sft_lr = 3e-3, temperature = 1.0, clip = 0.2, kl_beta = 0.0, max_grad_norm = 1.0;
+  double beta1 = 0.9, beta2 = 0.99, min_lr_ratio = 0.1;
+  std::string lr_schedule = "constant";  // constant | linear | cosine (after lr_warmup steps, down to min_lr_ratio)
+  bool std_norm = true;                   // advantages (r - mean) / (std + eps); false: r - mean
   uint64_t seed = 1;
-  std::string rollout_dtype = "fp32";
+  std::string rollout_dtype = "fp32", sync_mode = "in_place";
+  bool delta = false;
 };
+
+// The GRPO learning rate of update `step` (0-based) of `steps`.
+double lr_at(const Args& a, int step) {
+  if (step < a.lr_warmup) return a.lr * double(step + 1) / double(a.lr_warmup);
+  if (a.lr_schedule == "constant") return a.lr;
+  const double span = std::max(1, a.steps - a.lr_warmup - 1);
+  const double x = std::min(1.0, double(step - a.lr_warmup) / span);
+  const double f = a.lr_schedule == "linear" ? 1 - x : 0.5 * (1 + std::cos(3.14159265358979323846 * x));
+  return a.lr * (a.min_lr_ratio + (1 - a.min_lr_ratio) * f);
+}
 
 std::string encode_samples(const tessera::nn::GenerationResult& out) {
   std::ostringstream s;
@@ -99,11 +122,26 @@ std::vector<std::vector<int64_t>> decode_prompts(const std::string& text) {
   return out;
 }
 
+// A key of the shared store, waited for by polling: a blocking get holds the process's store
+// connection for the whole wait (operations are serialised per connection), so while the
+// double-buffered sink receives a sync on its own thread (and needs the store) the rollout's main
+// thread must not sit in one.
+std::string poll_string(tessera::transport::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
+  const auto until = Clock::now() + timeout;
+  while (!store.check({key})) {
+    if (Clock::now() > until) return store.get_string(key, std::chrono::milliseconds(1));  // throws, naming the key
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return store.get_string(key, timeout);
+}
+
 tessera::WeightSyncOptions sync_options(const Args& a, const tessera::transport::LaunchEnv& env, bool training) {
   tessera::WeightSyncOptions o;
   o.train_job = training ? env.job : a.peer;
   o.rollout_job = training ? a.peer : env.job;
   o.session = "grpo";
+  o.delta = a.delta;
+  o.mode = a.sync_mode == "double_buffered" ? tessera::SinkMode::double_buffered : tessera::SinkMode::in_place;
   return o;
 }
 
@@ -114,10 +152,23 @@ int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
   auto rollout = tessera::RolloutEngine::create(ro);
   tessera::RolloutSink sink(*rollout, sync_options(a, env, false));
   auto shared = tessera::actors::job_store()->shared("grpo");
-  sink.receive();  // the warmed-up policy
+  // Weight versions: 0 from the config alone, 1 the warmed-up policy, 1 + s after update s.
+  const bool double_buffered = a.sync_mode == "double_buffered";
+  if (double_buffered)
+    sink.listen();  // every sync lands in the standby copy on the sink's thread; generate() swaps it in
+  else
+    sink.receive();  // the warmed-up policy
   for (int step = 0; step < a.steps; ++step) {
     const auto key = "step" + std::to_string(step) + "/";
-    const auto prompts = decode_prompts(shared->get_string(key + "prompts", std::chrono::minutes(5)));
+    const auto prompts = decode_prompts(double_buffered ? poll_string(*shared, key + "prompts", std::chrono::minutes(5))
+                                                        : shared->get_string(key + "prompts", std::chrono::minutes(5)));
+    tessera::WeightSyncStats stats;
+    double wait_ms = 0;
+    if (double_buffered) {  // on-policy: the weights after `step` updates (staged; live at generate())
+      const auto w = Clock::now();
+      stats = sink.wait_for_version(uint64_t(step) + 1, std::chrono::minutes(5));
+      wait_ms = ms_since(w);
+    }
     std::vector<std::vector<int64_t>> batch;
     for (const auto& p : prompts)
       for (int g = 0; g < a.group; ++g) batch.push_back(p);
@@ -128,13 +179,24 @@ int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
     const auto t = Clock::now();
     const auto out = rollout->generate(batch, params);
     const double generate_ms = ms_since(t);
+    if (rollout->weight_version() != uint64_t(step) + 1)
+      throw tessera::Error("grpo rollout: step " + std::to_string(step) + " generated with weight version " +
+                           std::to_string(rollout->weight_version()) + ", not " + std::to_string(step + 1));
     if (env.rank == 0) shared->set(key + "samples", encode_samples(out));
-    const auto p = Clock::now();
-    const auto stats = sink.receive();  // in place: generation is paused for this long
+    double pause_ms = 0;
+    if (double_buffered) {
+      pause_ms = rollout->last_swap_ms();  // the swap inside this generate()
+    } else {
+      const auto w = Clock::now();
+      stats = sink.receive();  // in place: generation cannot run for stats.pause_ms of this
+      wait_ms = ms_since(w) - stats.pause_ms;
+      pause_ms = stats.pause_ms;
+    }
     if (env.rank == 0)
-      shared->set(key + "rollout", std::to_string(ms_since(p)) + " " + std::to_string(generate_ms) + " " +
-                                       std::to_string(stats.bytes_sent));
+      shared->set(key + "rollout", std::to_string(pause_ms) + " " + std::to_string(generate_ms) + " " +
+                                       std::to_string(stats.bytes_sent) + " " + std::to_string(wait_ms));
   }
+  if (double_buffered) sink.wait_for_version(uint64_t(a.steps) + 1, std::chrono::minutes(5));  // the last sync
   return 0;
 }
 
@@ -149,8 +211,9 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
     throw tessera::ConfigError("--prompts x --group (" + std::to_string(sequences) + ") must divide over " +
                                std::to_string(world) + " training ranks");
   const std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(sequences / world) +
-                           "\ngradient_accumulation_steps = 1\ngradient_clipping = 1.0\n[optimizer]\ntype = \"AdamW\"\n"
-                           "[optimizer.params]\nlr = " + std::to_string(a.lr) + "\nbetas = [0.9, 0.99]\nweight_decay = 0.0\n"
+                           "\ngradient_accumulation_steps = 1\ngradient_clipping = " + std::to_string(a.max_grad_norm) +
+                           "\n[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = " + std::to_string(a.lr) +
+                           "\nbetas = [" + std::to_string(a.beta1) + ", " + std::to_string(a.beta2) + "]\nweight_decay = 0.0\n"
                            "[zero_optimization]\nstage = " + std::to_string(a.zero_stage) + "\n";
   auto engine =
       tessera::initialize(policy.module(), tessera::config::load_config_text(toml, tessera::config::Format::toml, "grpo"))
@@ -191,11 +254,15 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
   std::ofstream csv;
   if (rank == 0) {
     csv.open(a.csv);
-    csv << "step,reward,kl,loss,logprob_mismatch,tokens_per_s,sync_ms,pause_ms,sync_bytes,generate_ms,step_ms\n";
-    std::printf("grpo: %lld-parameter %s policy, %d training ranks (ZeRO-%d), %d prompts x %d samples per step; warm-up "
-                "%d steps; first sync %.1f ms (plan %.1f ms)\n",
+    csv << "step,reward,kl,loss,logprob_mismatch,tokens_per_s,sync_ms,pause_ms,sync_bytes,generate_ms,step_ms,lr,"
+           "neg_logprob,clip_frac,delta,changed_elements,full_bytes,rollout_wait_ms";
+    for (int k = 0; k < grpo::kDigits; ++k) csv << ",acc" << k + 1;
+    csv << "\n";
+    std::printf("grpo: %lld-parameter %s policy, %d training ranks (ZeRO-%d), %d prompts x %d samples per step, %d "
+                "update(s) per batch; warm-up %d steps; sync %s%s; first sync %.1f ms (plan %.1f ms)\n",
                 static_cast<long long>(tessera::nn::decoder_parameter_count(config)), config.model_type(), world,
-                a.zero_stage, a.prompts, a.group, a.sft_steps, first.sync_ms, first.plan_ms);
+                a.zero_stage, a.prompts, a.group, a.epochs, a.sft_steps, a.sync_mode.c_str(), a.delta ? ", delta" : "",
+                first.sync_ms, first.plan_ms);
   }
   std::mt19937_64 prompt_rng(a.seed * 104729);
   for (int step = 0; step < a.steps; ++step) {
@@ -211,19 +278,28 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
 
     // Rewards and group-normalised advantages (every rank computes all; cheap).
     std::vector<double> rewards(static_cast<size_t>(sequences) + 0), advantages(rewards.size());
-    double mean_reward = 0;
+    std::vector<double> position_right(grpo::kDigits, 0.0);
+    double mean_reward = 0, neg_logprob = 0;
     int64_t total_tokens = 0;
     for (int i = 0; i < sequences; ++i) {
-      rewards[size_t(i)] = grpo::reward(prompts[size_t(i / a.group)], tokens[size_t(i)]);
+      const auto& p = prompts[size_t(i / a.group)];
+      const auto& c = tokens[size_t(i)];
+      rewards[size_t(i)] = grpo::reward(p, c);
       mean_reward += rewards[size_t(i)] / sequences;
-      total_tokens += int64_t(tokens[size_t(i)].size());
+      total_tokens += int64_t(c.size());
+      for (float lp : rollout_lp[size_t(i)]) neg_logprob -= lp;
+      const auto want = grpo::answer(p);
+      for (int k = 0; k < grpo::kDigits; ++k)
+        position_right[size_t(k)] += (k < int(c.size()) && c[size_t(k)] == want[size_t(k)]) ? 1.0 / sequences : 0.0;
     }
+    neg_logprob /= double(std::max<int64_t>(1, total_tokens));
     for (int g = 0; g < a.prompts; ++g) {
       double m = 0, v = 0;
       for (int j = 0; j < a.group; ++j) m += rewards[size_t(g * a.group + j)] / a.group;
       for (int j = 0; j < a.group; ++j) v += std::pow(rewards[size_t(g * a.group + j)] - m, 2) / std::max(1, a.group - 1);
       for (int j = 0; j < a.group; ++j)
-        advantages[size_t(g * a.group + j)] = (rewards[size_t(g * a.group + j)] - m) / (std::sqrt(v) + 1e-6);
+        advantages[size_t(g * a.group + j)] =
+            (rewards[size_t(g * a.group + j)] - m) / (a.std_norm ? std::sqrt(v) + 1e-6 : 1.0);
     }
 
     // This rank's share of the sequences: prompt + completion, completions right-padded.
@@ -243,45 +319,69 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
       }
       adv[i][0] = advantages[size_t(begin + i)];
     }
-    auto logits = policy.forward(ids.narrow(1, 0, P + T - 1)).narrow(1, P - 1, T);
-    auto logp = torch::log_softmax(logits, -1).gather(-1, ids.narrow(1, P, T).unsqueeze(-1)).squeeze(-1);
-    auto old = logp.detach();  // pi_old: this batch's policy, recomputed by the training job
-    auto ratio = torch::exp(logp - old);
-    auto objective = torch::min(ratio * adv, torch::clamp(ratio, 1 - a.clip, 1 + a.clip) * adv);
-    auto per_token = -objective;
-    torch::Tensor kl = torch::zeros({});
+    const auto log_probs = [&](tessera::nn::DecoderLm& model) {
+      auto logits = model.forward(ids.narrow(1, 0, P + T - 1)).narrow(1, P - 1, T);
+      return torch::log_softmax(logits, -1).gather(-1, ids.narrow(1, P, T).unsqueeze(-1)).squeeze(-1);
+    };
+    torch::Tensor ref;
     if (reference) {
-      torch::Tensor ref;
-      {
-        torch::NoGradGuard no_grad;
-        auto ref_logits = reference->forward(ids.narrow(1, 0, P + T - 1)).narrow(1, P - 1, T);
-        ref = torch::log_softmax(ref_logits, -1).gather(-1, ids.narrow(1, P, T).unsqueeze(-1)).squeeze(-1);
-      }
-      auto k3 = torch::exp(ref - logp) - (ref - logp) - 1;
-      per_token = per_token + a.kl_beta * k3;
-      kl = (k3.detach() * mask).sum() / mask.sum().clamp_min(1);
+      torch::NoGradGuard no_grad;
+      ref = log_probs(*reference);
     }
-    // Token-level normalisation over the whole batch (all ranks): the engine averages the ranks'
-    // gradients, so each rank's sum is scaled by world / all tokens.
-    auto loss = (per_token * mask).sum() * (double(world) / double(std::max<int64_t>(1, total_tokens)));
-    const double mismatch = ((old - old_rollout).abs() * mask).sum().item<double>() / std::max(1.0, mask.sum().item<double>());
-    engine->backward(loss);
-    engine->step();
+    // --epochs updates on the batch: pi_old is the policy before the first (the ratio starts at 1
+    // there and moves, within the clip, in the later ones).
+    const double lr = lr_at(a, step);
+    engine->set_lr(lr);
+    torch::Tensor old, kl = torch::zeros({}), loss;
+    double mismatch = 0, clip_frac = 0;
+    for (int epoch = 0; epoch < a.epochs; ++epoch) {
+      auto logp = log_probs(policy);
+      if (epoch == 0) {
+        old = logp.detach();
+        mismatch = ((old - old_rollout).abs() * mask).sum().item<double>() / std::max(1.0, mask.sum().item<double>());
+      }
+      auto ratio = torch::exp(logp - old);
+      auto objective = torch::min(ratio * adv, torch::clamp(ratio, 1 - a.clip, 1 + a.clip) * adv);
+      auto per_token = -objective;
+      if (reference) {
+        auto k3 = torch::exp(ref - logp) - (ref - logp) - 1;
+        per_token = per_token + a.kl_beta * k3;
+        if (epoch == 0) kl = (k3.detach() * mask).sum() / mask.sum().clamp_min(1);
+      }
+      if (epoch == a.epochs - 1 && a.epochs > 1)
+        clip_frac = ((((ratio.detach() - 1).abs() > a.clip).to(torch::kFloat)) * mask).sum().item<double>() /
+                    std::max(1.0, mask.sum().item<double>());
+      // Token-level normalisation over the whole batch (all ranks): the engine averages the ranks'
+      // gradients, so each rank's sum is scaled by world / all tokens.
+      auto l = (per_token * mask).sum() * (double(world) / double(std::max<int64_t>(1, total_tokens)));
+      if (epoch == 0) loss = l.detach();
+      engine->backward(l);
+      engine->step();
+    }
     const auto sync = sender.sync();
     std::istringstream rollout_line(shared->get_string(key + "rollout", std::chrono::minutes(5)));
-    double pause_ms = 0, generate_ms = 0;
-    rollout_line >> pause_ms >> generate_ms;
+    double pause_ms = 0, generate_ms = 0, rollout_bytes = 0, rollout_wait_ms = 0;
+    rollout_line >> pause_ms >> generate_ms >> rollout_bytes >> rollout_wait_ms;
     const double step_ms = ms_since(t0);
     if (rank == 0) {
       const double tokens_per_s = double(total_tokens) / (generate_ms / 1000.0);
-      std::printf("step %3d | reward %.3f | kl %.4f | loss %+.4f | %.0f tok/s | logprob mismatch %.2e | sync %.1f ms | "
-                  "pause %.1f ms | %lld bytes\n",
+      std::printf("step %3d | reward %.3f | kl %.4f | loss %+.4f | %.0f tok/s | logprob mismatch %.2e | sync %.1f ms "
+                  "(%s) | pause %.1f ms | %lld bytes%s\n",
                   step + 1, mean_reward, kl.item<double>(), loss.item<double>() / world, tokens_per_s, mismatch,
-                  sync.sync_ms + sync.verify_ms, pause_ms, static_cast<long long>(sync.bytes_sent));
+                  sync.sync_ms + sync.verify_ms, sync.delta ? "delta" : "full", pause_ms,
+                  static_cast<long long>(sync.bytes_sent),
+                  sync.delta ? (" of " + std::to_string(sync.full_bytes) + ", " + std::to_string(sync.changed_elements) +
+                                " elements changed")
+                                   .c_str()
+                             : "");
       std::fflush(stdout);
       csv << step + 1 << "," << mean_reward << "," << kl.item<double>() << "," << loss.item<double>() / world << ","
           << mismatch << "," << tokens_per_s << "," << sync.sync_ms + sync.verify_ms << "," << pause_ms << ","
-          << sync.bytes_sent << "," << generate_ms << "," << step_ms << "\n";
+          << sync.bytes_sent << "," << generate_ms << "," << step_ms << "," << lr << "," << neg_logprob << ","
+          << clip_frac << "," << (sync.delta ? 1 : 0) << "," << sync.changed_elements << "," << sync.full_bytes << ","
+          << rollout_wait_ms;
+      for (double r : position_right) csv << "," << r;
+      csv << "\n";
     }
   }
   if (rank == 0) std::printf("grpo: done, %d steps; curve in %s\n", a.steps, a.csv.c_str());
@@ -305,6 +405,21 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", a.temperature, "sampling temperature");
   app.add_option("--clip", a.clip, "ratio clip epsilon");
   app.add_option("--kl-beta", a.kl_beta, "k3 KL weight to the post-warm-up policy (0: off)");
+  app.add_option("--epochs", a.epochs, "GRPO updates per batch (pi_old: the policy before the first)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr-schedule", a.lr_schedule, "constant | linear | cosine (decay after --lr-warmup to --min-lr-ratio)")
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  app.add_option("--lr-warmup", a.lr_warmup, "GRPO steps of linear lr ramp-up")->check(CLI::NonNegativeNumber);
+  app.add_option("--min-lr-ratio", a.min_lr_ratio, "the decayed lr at the last step, as a fraction of --lr");
+  app.add_option("--max-grad-norm", a.max_grad_norm, "gradient clipping (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--beta1", a.beta1, "AdamW beta1");
+  app.add_option("--beta2", a.beta2, "AdamW beta2");
+  app.add_flag("!--no-std-norm", a.std_norm, "advantages r - mean (default: (r - mean) / (std + 1e-6) per group)");
+  app.add_option("--sync-mode", a.sync_mode,
+                 "in_place (generation waits while the weights are written) | double_buffered (written into a standby "
+                 "copy, swapped in at the next generate())")
+      ->check(CLI::IsMember({"in_place", "double_buffered"}));
+  app.add_flag("--delta", a.delta, "delta syncs: only the elements whose bits changed travel");
   app.add_option("--zero-stage", a.zero_stage, "ZeRO stage of the training job")->check(CLI::Range(0, 2));
   app.add_option("--rollout-dtype", a.rollout_dtype, "fp32 | bf16 (weights cast on the way)")
       ->check(CLI::IsMember({"fp32", "bf16"}));

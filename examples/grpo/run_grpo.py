@@ -5,7 +5,9 @@ UCX. Ends both on Ctrl-C or when either fails. Afterwards draws the curve (rewar
 PNG with a small writer of its own (zlib + struct; no plotting package needed).
 
 Usage: examples/grpo/run_grpo.py [--build DIR] [--train-ranks N] [--rollout-ranks N] [--port P]
-                                 [--out DIR] [-- extra grpo arguments, e.g. --steps 40]
+                                 [--out DIR] [--sync-mode in_place|double_buffered] [--delta]
+                                 [-- extra grpo arguments, e.g. --steps 40]
+Every extra argument goes to both jobs (the weight-sync handshake refuses options they disagree on).
 """
 import argparse
 import os
@@ -89,8 +91,16 @@ def main():
     ap.add_argument("--rollout-ranks", type=int, default=2)
     ap.add_argument("--port", type=int, default=29850)
     ap.add_argument("--out", default=os.path.join(ROOT, "out", "grpo"))
+    ap.add_argument("--sync-mode", choices=["in_place", "double_buffered"], default=None,
+                    help="in_place: generation waits while the weights are written; double_buffered: they land in "
+                         "a standby copy, swapped in at the next generate() (both jobs get the same)")
+    ap.add_argument("--delta", action="store_true", help="delta syncs: only the changed elements travel (both jobs)")
     args, extra = ap.parse_known_args()
     extra = [e for e in extra if e != "--"]
+    if args.sync_mode:
+        extra += ["--sync-mode", args.sync_mode]
+    if args.delta:
+        extra += ["--delta"]
     os.makedirs(args.out, exist_ok=True)
     launch = os.path.join(ROOT, "tools", "tessera-launch")
     program = os.path.join(args.build, "examples", "grpo", "grpo")

@@ -11,7 +11,7 @@ build, port = sys.argv[1], sys.argv[2]
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 with tempfile.TemporaryDirectory() as out:
     r = subprocess.run([sys.executable, os.path.join(root, "examples", "grpo", "run_grpo.py"), "--build", build,
-                        "--port", port, "--out", out, "--", "--steps", "40", "--sft-steps", "10", "--seed", "3"],
+                        "--port", port, "--out", out, "--", "--steps", "40", "--seed", "3"],
                        timeout=600)
     if r.returncode != 0:
         sys.exit(f"grpo_reward_rises: run_grpo.py exited {r.returncode}")
