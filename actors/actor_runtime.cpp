@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 
 #include "transport/store.h"
@@ -27,6 +28,23 @@ std::shared_ptr<transport::Store> job_store() {
   std::lock_guard<std::mutex> lock(mutex);
   if (!store) store = transport::Store::from_env();
   return store;
+}
+
+std::shared_ptr<transport::Store> own_job_store_connection() {
+  const auto first = job_store();
+  auto env = [](const char* name, const char* fallback) {
+    const char* v = std::getenv(name);
+    return std::string(v && *v ? v : fallback);
+  };
+  transport::TcpStoreOptions tcp;
+  tcp.host = env("MASTER_ADDR", "127.0.0.1");
+  tcp.port = std::stoi(env("MASTER_PORT", "29500"));  // job_store() has checked it
+  tcp.secret = env("TESSERA_STORE_SECRET", "");
+  tcp.is_server = false;
+  transport::StoreOptions options;
+  options.job = first->job();
+  options.timeout = first->timeout();
+  return transport::Store::tcp(tcp, options);
 }
 
 std::string next_communicator_name(const std::string& prefix) {

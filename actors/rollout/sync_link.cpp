@@ -50,14 +50,15 @@ SyncLink::SyncLink(const WeightSyncOptions& o, bool is_training, int my_rank, in
   if (o.train_job.empty() || o.rollout_job.empty() || o.train_job == o.rollout_job)
     throw ConfigError("weight sync: train_job and rollout_job must name the two jobs (got '" + o.train_job + "', '" +
                       o.rollout_job + "')");
-  shared = actors::job_store()->shared("sync/" + o.session);
+  store = actors::own_job_store_connection();  // the sink's actor must not queue behind the user's waits
+  shared = store->shared("sync/" + o.session);
 }
 
 SyncLink::~SyncLink() = default;
 
 void SyncLink::connect() {
   context = std::make_shared<transport::UcxContext>(transport::UcxContextOptions{});
-  peers = std::make_unique<transport::UcxPeers>(*context, actors::job_store(), training ? options.train_job : options.rollout_job,
+  peers = std::make_unique<transport::UcxPeers>(*context, store, training ? options.train_job : options.rollout_job,
                                                 rank, size, "sync/" + options.session);
   peer_size = peers->connect(training ? options.rollout_job : options.train_job);
   transport::RemoteExecutorOptions eo;
@@ -148,7 +149,7 @@ bool SyncLink::wait_for_start(std::chrono::milliseconds timeout, const std::atom
   }
   while (!stop->load()) {
     if (shared->check({k})) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return false;
 }

@@ -39,7 +39,8 @@ struct SyncLink {
   WeightSyncOptions options;
   bool training = false;
   int rank = 0, size = 0, peer_size = 0;
-  std::shared_ptr<transport::Store> shared;  // "shared/sync/<session>/"
+  std::shared_ptr<transport::Store> store;   // this link's own connection to the job's store
+  std::shared_ptr<transport::Store> shared;  // "shared/sync/<session>/" through it
   std::shared_ptr<transport::UcxContext> context;  // shared: memory it allocated may outlive the link
   std::unique_ptr<transport::UcxPeers> peers;
   std::unique_ptr<transport::RemoteExecutor> executor;
@@ -64,7 +65,7 @@ struct SyncLink {
   double plan_once();  // the time planning took on the first sync, 0 after
 
   // start: the training side marks it; a sink waits for it, until `timeout`, or, listening, until
-  // `stop` (checked every 100 ms; returns false then).
+  // `stop` (checked every 5 ms; returns false then).
   void mark_start();
   bool wait_for_start(std::chrono::milliseconds timeout, const std::atomic<bool>* stop);
 

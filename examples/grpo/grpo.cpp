@@ -122,19 +122,6 @@ std::vector<std::vector<int64_t>> decode_prompts(const std::string& text) {
   return out;
 }
 
-// A key of the shared store, waited for by polling: a blocking get holds the process's store
-// connection for the whole wait (operations are serialised per connection), so while the
-// double-buffered sink receives a sync on its own thread (and needs the store) the rollout's main
-// thread must not sit in one.
-std::string poll_string(tessera::transport::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
-  const auto until = Clock::now() + timeout;
-  while (!store.check({key})) {
-    if (Clock::now() > until) return store.get_string(key, std::chrono::milliseconds(1));  // throws, naming the key
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return store.get_string(key, timeout);
-}
-
 tessera::WeightSyncOptions sync_options(const Args& a, const tessera::transport::LaunchEnv& env, bool training) {
   tessera::WeightSyncOptions o;
   o.train_job = training ? env.job : a.peer;
@@ -160,8 +147,7 @@ int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
     sink.receive();  // the warmed-up policy
   for (int step = 0; step < a.steps; ++step) {
     const auto key = "step" + std::to_string(step) + "/";
-    const auto prompts = decode_prompts(double_buffered ? poll_string(*shared, key + "prompts", std::chrono::minutes(5))
-                                                        : shared->get_string(key + "prompts", std::chrono::minutes(5)));
+    const auto prompts = decode_prompts(shared->get_string(key + "prompts", std::chrono::minutes(5)));
     tessera::WeightSyncStats stats;
     double wait_ms = 0;
     if (double_buffered) {  // on-policy: the weights after `step` updates (staged; live at generate())
