@@ -50,6 +50,28 @@ struct ReducerState {
   bool polling = false;
 
   const zero::ShardingPlan& plan() const { return *spec->plan; }
+  bool stage3() const { return plan().stage() == 3; }
+
+  // ZeRO-3: one item's staged segments reduce-scattered (averaged) into the partition. The
+  // buffers are the reducer's now and die when their reduction finished.
+  void reduce_segments(StagedSegments& staged) {
+    transport::ReduceOptions average;
+    average.op = transport::ReduceOp::avg;
+    for (auto& [index, data] : staged.segments) {
+      const auto& seg = plan().segments().at(size_t(index));
+      auto slice = reduced[size_t(seg.group)].narrow(0, seg.partition_offset, seg.layout.partition_numel);
+      if (!comm) {  // one rank: its gradients are their own average
+        slice.add_(data);
+        continue;
+      }
+      auto piece = at::empty({seg.layout.partition_numel}, data.options());
+      auto input = data;
+      issued.push_back({comm->reduce_scatter(input, piece, average), [slice, piece, input]() mutable {
+                          slice.add_(piece);
+                          input = at::Tensor();
+                        }});
+    }
+  }
 
   // The gradients a group's stages-0/1 buckets are read from.
   const at::Tensor& gradients(size_t g) const { return accum[g].defined() ? accum[g] : flat[g]->buffer(); }
@@ -164,7 +186,7 @@ struct ReducerState {
       if (accum[g].defined()) accum[g].zero_();
       if (reduced[g].defined()) reduced[g].zero_();
     }
-    if (spec->partitioned_gradients())
+    if (spec->partitioned_gradients() || stage3())
       for (auto& p : parameters) p.mutable_grad() = at::Tensor();
   }
 
@@ -175,13 +197,12 @@ struct ReducerState {
     norms.zero_();
     for (size_t k = 0; k < plan().groups().size(); ++k) {
       const auto& group = plan().groups()[k];
-      const int64_t base = group.layout.partition_begin(owned);
-      for (const auto& f : group.layout.fragments(owned)) {
+      for (const auto& f : plan().fragments(int64_t(k), owned)) {
         // In chunks through a double scratch buffer: no allocation of partition size.
         for (int64_t at = 0; at < f.length; at += norm_scratch.numel()) {
           const int64_t n = std::min<int64_t>(norm_scratch.numel(), f.length - at);
           auto chunk = norm_scratch.narrow(0, 0, n);
-          chunk.copy_(g[k].narrow(0, f.flat_begin - base + at, n));
+          chunk.copy_(g[k].narrow(0, f.flat_begin + at, n));
           norms[group.params[size_t(f.param_index)]] += chunk.pow_(2).sum();
         }
       }
@@ -213,7 +234,7 @@ struct ReducerState {
     if (spec->dtype == at::kFloat) {
       if (request.max_grad_norm > 0) {
         // Every rank holds every averaged gradient at stages 0/1: LibTorch's own function, bitwise.
-        out.grad_norm = !spec->partitioned_gradients()
+        out.grad_norm = !spec->partitioned_gradients() && !stage3()
                             ? torch::nn::utils::clip_grad_norm_(parameters, request.max_grad_norm)
                             : clip_partitions(out.partitions, request.max_grad_norm);
       }
@@ -247,8 +268,8 @@ struct ReducerState {
       if (flat[g]) n += bytes(flat[g]->buffer());
       n += bytes(accum[g]) + bytes(mirror[g]) + bytes(reduced[g]) + bytes(fp32[g]);
     }
-    if (staging) {
-      n += staging->bytes();
+    if (staging || stage3()) {
+      if (staging) n += staging->bytes();
       for (const auto& p : parameters) n += bytes(p.grad());  // deferred or no_sync-accumulated
     }
     return n;
@@ -263,7 +284,8 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
   auto arm_poll = [self] {
     auto& s = self->state;
     // Only staging slots need to come back promptly (stages 0/1 finish at `finish`).
-    if (s.polling || s.issued.empty() || !s.staging) return;
+    // (ZeRO-3: finished reductions free their staged buffers.)
+    if (s.polling || s.issued.empty() || (!s.staging && !s.stage3())) return;
     s.polling = true;
     self->delayed_send(self, std::chrono::milliseconds(1), poll_atom::value);
   };
@@ -283,6 +305,16 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
         auto& s = self->state;
         s.arrived[staged.bucket] = std::move(staged);
         s.issue_in_order(false);
+        s.finish_completed();
+        arm_poll();
+      },
+      [=](segments_atom, StagedSegments& staged) {
+        auto& s = self->state;
+        try {
+          s.reduce_segments(staged);
+        } catch (...) {
+          s.fail(std::current_exception());
+        }
         s.finish_completed();
         arm_poll();
       },
@@ -354,7 +386,7 @@ gradient_reducer_actor spawn_gradient_reducer(std::shared_ptr<const EngineSpec> 
   const auto options = at::TensorOptions().device(spec->device);
   for (size_t g = 0; g < plan.groups().size(); ++g) {
     const auto& layout = plan.groups()[g].layout;
-    const bool partitioned = spec->partitioned_gradients();
+    const bool partitioned = spec->partitioned_gradients() || plan.stage() == 3;
     s->flat.push_back(partitioned ? nullptr : std::make_unique<zero::FlatGradients>(*flat[g]));
     const bool accum = !partitioned && spec->fp32_grad_accumulation;
     s->accum.push_back(accum ? at::zeros({layout.padded_numel}, options.dtype(at::kFloat)) : at::Tensor());

@@ -9,6 +9,8 @@
 //   <- begin                     a backward whose gradients must be reduced starts
 //   <- ready(i)                  stages 0/1: parameter i's gradient is final for this backward
 //   <- bucket(StagedBucket)      partitioned gradients: a filled bucket (its staging slot is lent)
+//   <- segments(StagedSegments)  ZeRO-3: one reduction item's staged gradients, reduce-scattered
+//                                into this rank's partition (the tensors are given, not lent)
 //   <- flush                     backward ended: issue every bucket not issued yet
 //   <- reclaim                   the staging needs a slot: issue what arrived, finish the oldest
 //   <- fold -> Done              fp32 accumulation: fold this backward's gradients (no reduction)
@@ -20,6 +22,8 @@
 //   <- partitions -> Buffers     this rank's partitions, lent to the optimizer until `gather`
 //   <- gather -> Done            all-gather the updated partitions into every rank's buffers
 //   <- buffers -> Buffers        the whole flat buffers (storage maps, memory; between steps)
+//   <- fetch(u) -> Done          ZeRO-3: gather unit u (all-gather of its segments) if released
+//   <- release(u)                ZeRO-3: free unit u's storage (u = -1: every unit)
 // optimizer-shard (owns masters and optimizer states through its state store)
 //   <- step(StepRequest) -> StepReport   finish -> partitions -> update -> gather + zero
 //   <- states -> OptimizerStates         masters and states (storage maps, memory; between steps)
@@ -60,6 +64,9 @@ using states_atom = caf::atom_constant<caf::atom("states")>;
 using sync_atom = caf::atom_constant<caf::atom("sync")>;
 using listen_atom = caf::atom_constant<caf::atom("listen")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;
+using segments_atom = caf::atom_constant<caf::atom("segments")>;
 
 // A reply that carries only success or the error.
 struct Done {
@@ -72,6 +79,13 @@ struct StagedBucket {
   size_t bucket = 0;
   int slot = -1;
   at::Tensor data;
+};
+
+// ZeRO-3: the gradients of one reduction item (a unit's segments, or a persistent segment), each
+// staged as its gathered segment (padded_numel elements of the group's comm dtype, padding zero).
+struct StagedSegments {
+  int64_t item = 0;                                     // position in the reduction order
+  std::vector<std::pair<int64_t, at::Tensor>> segments;  // (segment index, data)
 };
 
 struct FinishRequest {
@@ -91,6 +105,7 @@ struct GradientsReady {
 
 struct Buffers {
   std::vector<at::Tensor> tensors;  // per flat group
+  int64_t gathered_bytes = 0;       // ZeRO-3: storage of the units gathered right now
   std::exception_ptr error;
 };
 
@@ -125,13 +140,15 @@ struct SyncReport {
 
 using gradient_reducer_actor = caf::typed_actor<
     caf::reacts_to<begin_atom>, caf::reacts_to<ready_atom, int64_t>, caf::reacts_to<bucket_atom, StagedBucket>,
+    caf::reacts_to<segments_atom, StagedSegments>,
     caf::reacts_to<flush_atom>, caf::reacts_to<reclaim_atom>, caf::reacts_to<poll_atom>,
     caf::replies_to<fold_atom>::with<Done>, caf::replies_to<finish_atom, FinishRequest>::with<GradientsReady>,
     caf::replies_to<zero_atom>::with<Done>, caf::replies_to<memory_atom>::with<int64_t>>;
 
 using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
-                     caf::replies_to<buffers_atom>::with<Buffers>>;
+                     caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, int64_t>::with<Done>,
+                     caf::reacts_to<release_atom, int64_t>>;
 
 using rollout_sink_actor = caf::typed_actor<caf::replies_to<sync_atom>::with<SyncReport>, caf::reacts_to<listen_atom>,
                                             caf::replies_to<stop_atom>::with<Done>>;
@@ -144,6 +161,7 @@ using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRe
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Done)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::SyncReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedBucket)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedSegments)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::FinishRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::GradientsReady)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Buffers)

@@ -5,7 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <optional>
 
 #include "actors/actor_runtime.h"
@@ -16,16 +18,20 @@
 #include "actors/engine/engine_settings.h"
 #include "actors/engine/group_resolution.h"
 #include "actors/engine/micro_steps.h"
+#include "actors/engine/stage3_driver.h"
 #include "actors/engine/storage_description.h"
 #include "actors/engine_spec.h"
 #include "actors/gradient_reducer.h"
 #include "actors/optimizer_shard.h"
 #include "actors/parameter_shard.h"
 #include "actors/protocol.h"
+#include "actors/unit_grad_staging.h"
 #include "core/error.h"
 #include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
 #include "core/zero/grad_ready_hooks.h"
+#include "core/zero/stage3_parameters.h"
+#include "core/zero/unit_hooks.h"
 #include "transport/communicator.h"
 #include "transport/launch_env.h"
 #include "transport/store.h"
@@ -50,6 +56,8 @@ struct Engine::Impl {
   actors::parameter_shard_actor parameter_shard;
   actors::optimizer_shard_actor optimizer_shard;
   std::shared_ptr<actors::BucketStaging> staging;  // partitioned gradients
+  std::shared_ptr<actors::UnitGradStaging> unit_staging;  // ZeRO-3
+  std::shared_ptr<actors::Stage3Driver> stage3;           // ZeRO-3: the units' listener
   std::unique_ptr<zero::GradReadyHooks> hooks;
   std::unique_ptr<actors::MicroSteps> micro;
   std::vector<double> last_lrs;  // of the last update
@@ -83,22 +91,27 @@ struct Engine::Impl {
     }
     return true;
   }
-  bool distributed() const { return spec->world > 1; }
+  // Whether gradients go to the reducer at all: across ranks, and at ZeRO-3 always (one rank's
+  // gradients must still move from the units into the partition).
+  bool distributed() const { return spec->world > 1 || stage3; }
   // A reduction starts: the reducer (and the staging) learn of it before any gradient arrives.
   void start_reduction() {
     micro->start_reduction();
     if (!distributed()) return;
     if (staging) staging->start();
+    if (unit_staging) unit_staging->start();
     caf::anon_send(reducer, actors::begin_atom::value);
   }
   // The end of a reducing backward: with partitioned gradients everything autograd did not report
   // (unused here, or accumulated in no_sync) is staged too; then every bucket is issued.
   void end_reduction() {
     if (staging) staging->take_rest();
+    if (unit_staging) unit_staging->take_rest();
     caf::anon_send(reducer, actors::flush_atom::value);
   }
   ~Impl() {
     hooks.reset();  // disarm before the actors go
+    if (stage3) zero::unregister_units(stage3.get());
     if (reducer) caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
     if (parameter_shard) caf::anon_send_exit(parameter_shard, caf::exit_reason::user_shutdown);
     if (optimizer_shard) caf::anon_send_exit(optimizer_shard, caf::exit_reason::user_shutdown);
@@ -137,6 +150,47 @@ std::pair<std::shared_ptr<transport::Communicator>, std::shared_ptr<transport::C
   grad->barrier()->wait();
   param->barrier()->wait();
   return {grad, param};
+}
+
+// ZeRO-3: each trainable parameter's unit is the module that registered it. A parameter registered
+// by two modules (tied) is refused: the second module's forward would find it released.
+void assign_units(torch::nn::Module& model, const std::vector<std::pair<std::string, at::Tensor>>& trainable,
+                  std::vector<zero::PlannedParameter>& planned) {
+  std::map<const c10::TensorImpl*, std::string> owner;
+  for (const auto& item : model.named_modules()) {
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+      const auto* impl = p.value().unsafeGetTensorImpl();
+      const auto name = item.key().empty() ? p.key() : item.key() + "." + p.key();
+      auto [it, fresh] = owner.emplace(impl, item.key());
+      if (!fresh && p.value().requires_grad())
+        throw Error("initialize: ZeRO-3: parameter '" + name + "' is the tensor of module '" + it->second +
+                    "' too (tied weights); stage 3 cannot share a parameter between units yet");
+    }
+  }
+  for (size_t i = 0; i < trainable.size(); ++i) planned[i].module = owner.at(trainable[i].second.unsafeGetTensorImpl());
+}
+
+// ZeRO-3: the modules of the plan's units, each of which a tessera::Unit holder must call.
+std::vector<const torch::nn::Module*> unit_modules(torch::nn::Module& model, const zero::ShardingPlan& plan) {
+  std::map<std::string, const torch::nn::Module*> by_name;
+  for (const auto& item : model.named_modules()) by_name[item.key()] = item.value().get();
+  std::vector<const torch::nn::Module*> out;
+  std::vector<std::string> unheld;
+  for (const auto& unit : plan.units()) {
+    const auto* m = by_name.at(unit.module);
+    out.push_back(m);
+    if (!zero::is_held(m)) unheld.push_back("'" + (unit.module.empty() ? std::string("(the root module)") : unit.module) + "' (" + m->name() + ")");
+  }
+  if (!unheld.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unheld.size() && i < 6; ++i) list += (i ? ", " : "") + unheld[i];
+    if (unheld.size() > 6) list += " and " + std::to_string(unheld.size() - 6) + " more";
+    throw Error("initialize: ZeRO-3 gathers a module's parameters around its forward, which it can only see through a "
+                "tessera::Unit holder (core/zero/unit_holder.h); these modules own parameters but no holder holds "
+                "them: " + list + ". Declare the member as tessera::Unit<torch::nn::Linear> (etc.) instead of "
+                "torch::nn::Linear, or raise zero_optimization.stage3_param_persistence_threshold to keep them gathered");
+  }
+  return out;
 }
 
 }  // namespace
@@ -195,12 +249,17 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   for (size_t g = 0; g < groups.size(); ++g)
     for (int64_t i : groups[g].params)
       planned[size_t(i)] = {names[size_t(i)], trainable[size_t(i)].second.sizes().vec(), int64_t(g), bool(lower[size_t(i)])};
+  const bool stage3 = settings.stage == 3;
+  if (stage3) assign_units(*model, trainable, planned);
   zero::ShardingPlanOptions plan_options;
   plan_options.stage = settings.stage;
   plan_options.world = size;
   plan_options.bucket_elements = std::max<int64_t>(1, settings.reduce_bucket_elements);
   plan_options.sub_group_elements = std::max<int64_t>(1, settings.sub_group_elements);
+  plan_options.persistence_threshold = settings.persistence_threshold;
   auto plan = std::make_shared<const zero::ShardingPlan>(planned, plan_options);
+  std::vector<const torch::nn::Module*> units;
+  if (stage3) units = unit_modules(*model, *plan);
 
   // 2. The data-parallel communicators.
   auto [grad_comm, param_comm] =
@@ -223,7 +282,16 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels;
   std::vector<at::Tensor> partitions, parameters;
   for (const auto& [name, p] : trainable) parameters.push_back(p);
+  std::unique_ptr<zero::Stage3Parameters> stage3_parameters;
+  if (stage3) {
+    stage3_parameters = std::make_unique<zero::Stage3Parameters>(*plan, rank, parameters, dtype);
+    for (size_t g = 0; g < plan->groups().size(); ++g) {
+      partitions.push_back(stage3_parameters->partition(int64_t(g)));
+      kernels.push_back(group_kernels[size_t(plan->groups()[g].param_group)]);
+    }
+  }
   for (const auto& group : plan->groups()) {
+    if (stage3) break;
     std::vector<std::pair<std::string, at::Tensor>> members;
     for (int64_t i : group.params) members.push_back(trainable[size_t(i)]);
     flat.push_back(std::make_unique<zero::FlatParameters>(members, group.layout, dtype));
@@ -239,13 +307,21 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   impl->schedules = std::move(schedules);
   impl->scaler = scaler;
   impl->names = names;
-  impl->micro = std::make_unique<actors::MicroSteps>(settings.gradient_accumulation_steps, plan->partitioned_gradients(),
-                                                     size > 1);
+  // ZeRO-3 reduces every micro-step (into the partition, as stage 2 does), even on one rank.
+  impl->micro = std::make_unique<actors::MicroSteps>(settings.gradient_accumulation_steps,
+                                                     plan->partitioned_gradients() || stage3, size > 1 || stage3);
   if (plan->partitioned_gradients()) impl->staging = std::make_shared<actors::BucketStaging>(spec, parameters);
+  if (stage3) impl->unit_staging = std::make_shared<actors::UnitGradStaging>(spec, parameters);
   impl->reducer = actors::spawn_gradient_reducer(spec, parameters, flat, impl->staging, grad_comm);
-  if (!plan->partitioned_gradients())
+  if (impl->unit_staging) impl->unit_staging->connect(impl->reducer);
+  if (!plan->partitioned_gradients() && !stage3)
     for (const auto& p : parameters) impl->grad_views.emplace_back(p, p.grad().data_ptr());
-  impl->parameter_shard = actors::spawn_parameter_shard(spec, std::move(flat), param_comm);
+  impl->parameter_shard = stage3 ? actors::spawn_stage3_parameter_shard(spec, std::move(stage3_parameters), param_comm)
+                                 : actors::spawn_parameter_shard(spec, std::move(flat), param_comm);
+  if (stage3) {
+    impl->stage3 = std::make_shared<actors::Stage3Driver>(spec, impl->parameter_shard, impl->unit_staging, impl->bound());
+    zero::register_units(impl->stage3, units);
+  }
   impl->optimizer_shard =
       actors::spawn_optimizer_shard(spec, std::move(kernels), partitions, impl->reducer, impl->parameter_shard);
   auto* raw = impl.get();
@@ -254,6 +330,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       [raw](int64_t i) {
         bool reduces = false;
         if (raw->micro->arm_from_hook(reduces) && reduces) raw->start_reduction();
+        if (raw->stage3) return raw->stage3->grad_ready(i, raw->micro->reducing());
         if (!raw->micro->reducing()) return;
         if (raw->staging) raw->staging->take(i);  // before the reducer hears of it (bucket_staging.h)
         else caf::anon_send(raw->reducer, actors::ready_atom::value, i);
@@ -261,12 +338,13 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       [raw] {
         if (raw->micro->reducing()) {
           raw->end_reduction();
-        } else if (raw->spec->fp32_grad_accumulation && !raw->staging) {
+        } else if (raw->spec->fp32_grad_accumulation && !raw->staging && !raw->stage3) {
           // A backward that reduces nothing: its low-precision gradients go into the fp32
           // accumulators now (a reducing backward's are folded bucket by bucket by the reducer).
           actors::checked(actors::ask<actors::Done>(raw->reducer, raw->bound(), "gradient-reducer (fold)",
                                                     actors::fold_atom::value));
         }
+        if (raw->stage3) raw->stage3->backward_ended();
         raw->micro->end_backward();
       });
   for (const auto& hp : impl->hyperparameters()) impl->last_lrs.push_back(hp.lr);
@@ -303,6 +381,7 @@ at::Tensor Engine::scale(const at::Tensor& loss) {
 void Engine::step() {
   auto& s = *impl_;
   if (!s.micro->begin_step(s.scaler.has_value())) return;
+  if (s.stage3) s.stage3->release_all();  // a unit kept gathered would not see the update
   actors::StepRequest request;
   request.hyperparameters = s.hyperparameters();
   request.max_grad_norm = s.settings.max_grad_norm;
@@ -350,6 +429,30 @@ Engine::Scope Engine::coalesce_grad_reduction() {
       s->micro->end_backward();
     }
   });
+}
+
+Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names) {
+  auto* s = impl_.get();
+  if (!s->stage3) return Scope([] {});
+  const auto& plan = *s->spec->plan;
+  std::vector<int64_t> units;
+  if (names.empty()) {
+    for (size_t u = 0; u < plan.units().size(); ++u) units.push_back(int64_t(u));
+  } else {
+    std::vector<char> wanted(plan.units().size(), 0);
+    for (const auto& name : names) {
+      const auto it = std::find(s->names.begin(), s->names.end(), name);
+      if (it == s->names.end()) throw Error("gathered_parameters: the model has no trainable parameter '" + name + "'");
+      const auto [segment, index] = plan.segment_place(int64_t(it - s->names.begin()));
+      (void)index;
+      const int64_t unit = plan.segments().at(size_t(segment)).unit;
+      if (unit >= 0) wanted[size_t(unit)] = 1;  // a persistent parameter is always gathered
+    }
+    for (size_t u = 0; u < wanted.size(); ++u)
+      if (wanted[u]) units.push_back(int64_t(u));
+  }
+  s->stage3->pin(units);
+  return Scope([s, units] { s->stage3->unpin(units); });
 }
 
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->micro->boundary(); }
@@ -404,6 +507,7 @@ EngineMemory Engine::memory() const {
   const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "memory: the parameter-shard",
                                                                     actors::buffers_atom::value));
   for (const auto& b : buffers.tensors) m.parameters += int64_t(b.numel() * b.element_size());
+  m.parameters += buffers.gathered_bytes;
   m.gradients = actors::ask<int64_t>(s.reducer, s.bound(), "memory: the gradient-reducer", actors::memory_atom::value);
   const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
                                                                            "memory: the optimizer-shard", actors::states_atom::value));

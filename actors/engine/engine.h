@@ -156,6 +156,15 @@ class Engine {
   // itself raises. DeepSpeed refuses stage 0 and its bf16/fp16 wrappers here; tessera allows them.
   [[nodiscard]] Scope coalesce_grad_reduction();
 
+  // ZeRO-3: gathers the units of the named parameters (every unit with no names) on every rank
+  // until the Scope ends (collective: every rank calls it with the same names, in the same order);
+  // forwards inside release nothing the scope holds. Read a stage-3 model's parameters (a
+  // snapshot, a state dict, a print) only inside one: a released parameter keeps its shape but
+  // has no memory, and most LibTorch kernels crash on it instead of raising. Changes made inside
+  // are not written back to the partitions (a modifier rank is not supported yet). Stages 0-2:
+  // nothing to do.
+  [[nodiscard]] Scope gathered_parameters(const std::vector<std::string>& names = {});
+
   bool is_gradient_accumulation_boundary() const;
   double get_lr(size_t group = 0) const;  // the lr the next update uses in a parameter group
   std::vector<double> get_lrs() const;    // of every parameter group

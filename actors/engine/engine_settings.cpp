@@ -19,7 +19,6 @@ EngineSettings engine_settings(const config::Config& c) {
   s.stage = c.zero_optimization.stage.value;
   if (s.stage < 0 || s.stage > 3)
     throw ConfigError("zero_optimization.stage = " + std::to_string(s.stage) + ": expected 0, 1, 2 or 3");
-  if (s.stage == 3) not_yet(c, "zero_optimization.stage", "ZeRO stage 3");
   if (c.fp16.enabled.value && c.bf16.enabled.value)
     throw ConfigError("fp16.enabled and bf16.enabled: choose one mixed precision, not both");
   if (c.fp16.enabled.value) {
@@ -67,6 +66,11 @@ EngineSettings engine_settings(const config::Config& c) {
   s.reduce_bucket_elements = c.zero_optimization.reduce_bucket_size.value;
   s.sub_group_elements = c.zero_optimization.sub_group_size;
   s.overlap_comm = c.zero_optimization.overlap_comm;
+  s.persistence_threshold = c.zero_optimization.stage3_param_persistence_threshold.value;
+  if (s.persistence_threshold < 0)
+    throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") +
+                      "zero_optimization.stage3_param_persistence_threshold = " + std::to_string(s.persistence_threshold) +
+                      ": expected a number of elements >= 0");
   s.collective_timeout_ms = c.tessera.transport.collective_timeout_ms;
 
   s.bf16_optimizer_states = c.bf16.enabled.value && c.bf16.bf16_optimizer_states;

@@ -34,6 +34,8 @@ struct EngineSettings {
   int64_t reduce_bucket_elements = 500'000'000;
   int64_t sub_group_elements = 1'000'000'000;  // zero_optimization.sub_group_size: the optimizer's step unit
   bool overlap_comm = false;                  // zero_optimization.overlap_comm
+  // ZeRO-3: parameters of at most this many elements stay gathered (stage3_param_persistence_threshold).
+  int64_t persistence_threshold = 100'000;
   std::optional<optim::OptimizerOptions> optimizer;  // the `optimizer` section, if any
   bool bf16_optimizer_states = false;         // bf16.bf16_optimizer_states (any optimizer)
   optim::ScheduleOptions schedule;            // Constant when the config has no scheduler; its
@@ -48,7 +50,7 @@ struct EngineSettings {
 };
 
 // `config` must be resolved (no "auto" left). Throws ConfigError for missing or unsupported
-// settings (ZeRO-3, offload, tensor parallelism, fp16 autocast on CPU).
+// settings (offload, tensor parallelism, fp16 autocast on CPU).
 EngineSettings engine_settings(const config::Config& config);
 
 // The schedule of one parameter group: the config's scheduler over that group's lr (DeepSpeed

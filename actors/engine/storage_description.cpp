@@ -29,7 +29,9 @@ EngineStorage describe_storage(const EngineSpec& spec, const Buffers& parameters
     out.buffers[key("param")] = weights;
     // Master: a separate fp32 partition, or (no fp32 master) the weights' own partition.
     const auto& master = optimizer.masters.at(g);
-    const auto master_buffer = master.defined() ? master : weights.narrow(0, layout.partition_begin(owned), layout.partition_numel);
+    // (At ZeRO-3 the partition opens the weight buffer.)
+    const int64_t begin = plan.stage() == 3 ? 0 : layout.partition_begin(owned);
+    const auto master_buffer = master.defined() ? master : weights.narrow(0, begin, layout.partition_numel);
     for (auto& m : plan.partition_maps(int64_t(g), affine_dtype(master_buffer.scalar_type())))
       out.maps.push_back({"master", key("master"), std::move(m)});
     out.buffers[key("master")] = master_buffer;

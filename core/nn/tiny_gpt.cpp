@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/zero/unit_holder.h"
 
 namespace tessera::nn {
 namespace {
@@ -26,7 +27,7 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
     return c_proj(y.transpose(1, 2).contiguous().view({B, T, C}));
   }
   int64_t n_head;
-  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  tessera::Unit<torch::nn::Linear> c_attn{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -36,7 +37,7 @@ struct MlpImpl : torch::nn::Module {
     c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * d_model, d_model).bias(bias)));
   }
   torch::Tensor forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x))); }
-  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  tessera::Unit<torch::nn::Linear> c_fc{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(Mlp);
 
@@ -51,7 +52,7 @@ struct BlockImpl : torch::nn::Module {
     x = x + attn(ln_1(x));
     return x + mlp(ln_2(x));
   }
-  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  tessera::Unit<torch::nn::LayerNorm> ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
   Mlp mlp{nullptr};
 };
@@ -66,10 +67,11 @@ struct GptModule : torch::nn::Module {
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.vocab_size).bias(false)));
   }
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  // Unit holders: a ZeRO-3 engine gathers each around its call (core/zero/unit_holder.h).
+  tessera::Unit<torch::nn::Embedding> wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  tessera::Unit<torch::nn::LayerNorm> ln_f{nullptr};
+  tessera::Unit<torch::nn::Linear> lm_head{nullptr};
 };
 
 }  // namespace

@@ -51,6 +51,9 @@ weight_decay = 0.01
   std::string scheduler;  // TOML, optional
   int64_t bucket = 5000;  // reduce_bucket_size in elements: several buckets
   bool overlap = false;   // zero_optimization.overlap_comm
+  // Stage 3: stage3_param_persistence_threshold. 100 keeps the LayerNorms (32 elements) gathered
+  // and partitions every Linear and Embedding (units wte, wpe, c_attn, ..., lm_head).
+  int64_t persistence = 100;
   uint64_t seed = 11;
   // Seeded per-rank delays (0-2 ms) before every forward and every gradient-ready event: the
   // ranks' events arrive in different orders and at different times.
@@ -62,6 +65,7 @@ weight_decay = 0.01
            "\ngradient_clipping = " + std::to_string(clip) + "\n" + optimizer + scheduler +
            "[zero_optimization]\nstage = " + std::to_string(stage) + "\noverlap_comm = " + (overlap ? "true" : "false") +
            "\nreduce_bucket_size = " + std::to_string(bucket) +
+           (stage == 3 ? "\nstage3_param_persistence_threshold = " + std::to_string(persistence) : std::string()) +
            "\n[tessera.transport]\ncollective_timeout_ms = 60000\n";
   }
 };
@@ -103,6 +107,7 @@ Result run_engine(const Setup& s) {
     }
   }
   CHECK(engine->global_steps() == s.steps);
+  auto gathered = engine->gathered_parameters();  // ZeRO-3: the units are released between steps
   r.params = snapshot_parameters(*model.module());
   return r;
 }
@@ -115,9 +120,9 @@ Result run_oracle(const Setup& s, const OptimizerFactory& make_optimizer,
   auto params = model.module()->parameters();
   auto optimizer = make_optimizer(params);
   Result r;
-  // Stage 2 across ranks reduces at every micro-step and adds the averages; the other stages
-  // accumulate locally and reduce once.
-  const bool per_micro_step = s.stage == 2 && kWorld > 1;
+  // Stage 2 across ranks and stage 3 reduce at every micro-step and add the averages; the other
+  // stages accumulate locally and reduce once.
+  const bool per_micro_step = (s.stage == 2 && kWorld > 1) || s.stage == 3;
   auto micro_loss = [&](int step, int micro, int rank) {
     auto batch = corpus().batch(s.seed, step, micro, s.global_batch, 16, rank, kWorld);
     auto loss = model.loss(batch.tokens, batch.targets);
@@ -220,7 +225,7 @@ void expect_match(const Result& engine, const Result& oracle, bool bitwise_here 
 
 }  // namespace
 
-TEST_CASE("Stages 0, 1, 2 equal the single-process oracle and the full-batch run (AdamW, 20 steps)",
+TEST_CASE("Stages 0, 1, 2, 3 equal the single-process oracle and the full-batch run (AdamW, 20 steps)",
           "[engine]") {
   Setup s;
   s.steps = 20;
@@ -231,7 +236,7 @@ TEST_CASE("Stages 0, 1, 2 equal the single-process oracle and the full-batch run
   REQUIRE(full.mean_losses.size() == oracle.mean_losses.size());
   for (size_t i = 0; i < full.mean_losses.size(); ++i)
     CHECK(std::abs(full.mean_losses[i] - oracle.mean_losses[i]) <= 1e-5 * std::abs(full.mean_losses[i]));
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (bool overlap : {false, true}) {
       s.stage = stage;
       s.overlap = overlap;
@@ -254,7 +259,7 @@ TEST_CASE("Seeded per-rank delays before every forward and gradient-ready event 
   s.overlap = true;
   s.bucket = 3000;  // many buckets: many events to reorder
   auto oracle = run_oracle(s, adamw(3e-3, 0.01));
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (int accumulation : {1, 2}) {
       s.stage = stage;
       s.accumulation = accumulation;
@@ -280,13 +285,16 @@ TEST_CASE("Gradient accumulation over 3 micro-steps equals the oracle", "[engine
   expect_match(run_engine(s), per_micro_step);
   INFO("stage 2 against the reduce-once order");
   expect_match(run_engine(s), oracle, false);
+  s.stage = 3;
+  INFO("stage 3 (reduce-scatter every micro-step, as stage 2)");
+  expect_match(run_engine(s), per_micro_step);
 }
 
-TEST_CASE("Clipping by the global norm (stages 0/1 bitwise, stage 2 within 1e-5)", "[engine]") {
+TEST_CASE("Clipping by the global norm (stages 0/1 bitwise, stages 2/3 within 1e-5)", "[engine]") {
   Setup s;
   s.clip = 0.05;  // small enough to clip every step
   auto oracle = run_oracle(s, adamw(3e-3, 0.01));
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     s.stage = stage;
     INFO("stage " << stage);
     expect_match(run_engine(s), oracle, kWorld <= 2 && stage < 2);
@@ -327,8 +335,9 @@ TEST_CASE("Bad settings are refused before the model changes", "[engine]") {
                                              tessera::config::Format::toml, "bad.toml");
   };
   const std::string opt = "[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 1e-3\n";
-  CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[zero_optimization]\nstage = 3\n" + opt)),
-                    Catch::Contains("zero_optimization.stage") && Catch::Contains("not supported"));
+  CHECK_THROWS_WITH(tessera::initialize(model.module(),
+                                        load("[zero_optimization]\nstage = 3\nstage3_param_persistence_threshold = -1\n" + opt)),
+                    Catch::Contains("stage3_param_persistence_threshold"));
   CHECK_THROWS_WITH(
       tessera::initialize(model.module(),
                           load(opt + "[zero_optimization]\nstage = 2\n[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n")),

@@ -1,0 +1,86 @@
+#include "actors/engine/stage3_driver.h"
+
+#include <algorithm>
+
+#include "actors/ask.h"
+
+namespace tessera::actors {
+
+Stage3Driver::Stage3Driver(std::shared_ptr<const EngineSpec> spec, parameter_shard_actor shard,
+                           std::shared_ptr<UnitGradStaging> staging, std::chrono::milliseconds bound)
+    : spec_(std::move(spec)), shard_(std::move(shard)), staging_(std::move(staging)), bound_(bound) {
+  const auto& plan = *spec_->plan;
+  unit_of_.assign(plan.parameters().size(), -1);
+  for (size_t u = 0; u < plan.units().size(); ++u) {
+    for (int64_t p : plan.units()[u].params) unit_of_[size_t(p)] = int64_t(u);
+    size_.push_back(int64_t(plan.units()[u].params.size()));
+  }
+  missing_ = size_;
+  reported_.assign(plan.parameters().size(), 0);
+  pins_.assign(plan.units().size(), 0);
+}
+
+void Stage3Driver::release(int64_t unit) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pins_.at(size_t(unit)) > 0) return;
+  }
+  caf::anon_send(shard_, release_atom::value, unit);
+}
+
+void Stage3Driver::pin(const std::vector<int64_t>& units) {
+  for (int64_t u : units) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++pins_.at(size_t(u));
+    }
+    fetch(u);
+  }
+}
+
+void Stage3Driver::unpin(const std::vector<int64_t>& units) {
+  for (int64_t u : units) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (pins_.at(size_t(u)) > 0) --pins_[size_t(u)];
+    }
+    release(u);
+  }
+}
+
+void Stage3Driver::fetch(int64_t unit) {
+  checked(ask<Done>(shard_, bound_, "ZeRO-3: the parameter-shard (gathering unit '" + spec_->plan->units().at(size_t(unit)).module + "')",
+                    fetch_atom::value, unit));
+}
+
+void Stage3Driver::after_forward(int64_t unit, bool keep) {
+  if (!keep) release(unit);
+}
+
+void Stage3Driver::grad_ready(int64_t param, bool reducing) {
+  if (reducing) staging_->take(param);
+  int64_t release = -1;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (param < 0 || size_t(param) >= reported_.size() || reported_[size_t(param)]) return;
+    reported_[size_t(param)] = 1;
+    const int64_t u = unit_of_[size_t(param)];
+    if (u >= 0 && --missing_[size_t(u)] == 0) release = u;
+  }
+  if (release >= 0) this->release(release);
+}
+
+void Stage3Driver::backward_ended() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    missing_ = size_;
+    std::fill(reported_.begin(), reported_.end(), 0);
+  }
+  release_all();
+}
+
+void Stage3Driver::release_all() {
+  for (size_t u = 0; u < pins_.size(); ++u) release(int64_t(u));
+}
+
+}  // namespace tessera::actors

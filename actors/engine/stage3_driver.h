@@ -1,0 +1,61 @@
+// Stage3Driver is a ZeRO-3 engine's listener on its units (core/zero/unit_hooks.h): it turns the
+// unit holders' calls and autograd's gradient reports into requests to the parameter-shard
+// (fetch, release) and into the gradient staging's reductions.
+//
+//   before_forward / before_backward   fetch the unit (waits for the gather; a gathered unit is
+//                                      not gathered again)
+//   after_forward                      release it, unless the holder asks to keep it
+//   grad_ready(param)                  during a reducing backward the staging takes the
+//                                      gradient; when every parameter of its unit has reported,
+//                                      the unit is released
+//   backward_ended                     releases every unit still gathered
+//   pin / unpin                        a gathered-parameters scope: fetched now, released by
+//                                      nobody until the last unpin
+// Everything runs on the user's thread or on autograd's (the same thread on CPU), one call at a
+// time; the driver keeps only counters, and the parameter-shard owns the storage.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "actors/engine_spec.h"
+#include "actors/protocol.h"
+#include "actors/unit_grad_staging.h"
+#include "core/zero/unit_hooks.h"
+
+namespace tessera::actors {
+
+class Stage3Driver final : public zero::UnitListener {
+ public:
+  Stage3Driver(std::shared_ptr<const EngineSpec> spec, parameter_shard_actor shard,
+               std::shared_ptr<UnitGradStaging> staging, std::chrono::milliseconds bound);
+
+  void before_forward(int64_t unit) override { fetch(unit); }
+  void after_forward(int64_t unit, bool keep) override;
+  void before_backward(int64_t unit) override { fetch(unit); }
+
+  void grad_ready(int64_t param, bool reducing);
+  void backward_ended();
+  void release_all();
+  void pin(const std::vector<int64_t>& units);    // in ascending order: a collective, same on every rank
+  void unpin(const std::vector<int64_t>& units);
+
+ private:
+  void fetch(int64_t unit);
+  void release(int64_t unit);  // unless pinned
+
+  std::shared_ptr<const EngineSpec> spec_;
+  parameter_shard_actor shard_;
+  std::shared_ptr<UnitGradStaging> staging_;
+  std::chrono::milliseconds bound_;
+  std::mutex mutex_;
+  std::vector<int64_t> unit_of_;   // per parameter: its unit, or -1 (persistent)
+  std::vector<int64_t> size_;      // per unit: its parameters
+  std::vector<int64_t> missing_;   // per unit: parameters not reported in this backward
+  std::vector<char> reported_;     // per parameter, this backward
+  std::vector<int> pins_;          // per unit: open gathered-parameters scopes holding it
+};
+
+}  // namespace tessera::actors

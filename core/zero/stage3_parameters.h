@@ -1,0 +1,72 @@
+// Stage3Parameters is one rank's ZeRO-3 parameter storage (the layout is unit_layout.h's):
+//   - per flat group, the weight buffer: the rank's partition [P_g] (what the optimizer steps),
+//     then the gathered persistent segment, of which the persistent parameters are views;
+//   - per unit, one storage (c10::StorageImpl) of which the unit's parameters are views. Its
+//     memory exists only while the unit is gathered: release() frees it at storage level and
+//     materialize() allocates it again (reference/zero3_hooks.md, Scheme B'), so parameters keep
+//     their TensorImpl, shape, autograd meta, version counter and pinned AccumulateGrad, and the
+//     tensors autograd saved (views such as w.t()) see the re-gathered values.
+// Filling a gathered unit is the caller's (a collective over the segments' pieces): this class
+// allocates, frees and hands out views; it talks to nobody.
+//
+// Construction copies the parameters' values (rounded to `dtype`) into a unit's storage, rebinds
+// them (set_data), copies this rank's pieces into the partitions and releases the unit, one unit
+// at a time: peak memory is the model as the caller built it plus the largest unit.
+//
+// Example: 2 ranks, l1.weight (3, 5) in unit l1: its storage holds 16 elements (15 + 1 padding)
+// while gathered, 0 bytes while released; rank 1's partition holds l1.weight's flat [8, 15).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/zero/sharding_plan.h"
+
+namespace tessera::zero {
+
+class Stage3Parameters {
+ public:
+  // `parameters`: the plan's parameters in its order (model-wide index), full-shaped, one device.
+  Stage3Parameters(const ShardingPlan& plan, int rank, const std::vector<at::Tensor>& parameters, at::ScalarType dtype);
+  ~Stage3Parameters();
+  Stage3Parameters(const Stage3Parameters&) = delete;
+  Stage3Parameters& operator=(const Stage3Parameters&) = delete;
+
+  const ShardingPlan& plan() const { return *plan_; }
+  int rank() const { return rank_; }
+  const at::Tensor& weight_buffer(int64_t group) const { return weights_.at(size_t(group)); }
+  at::Tensor partition(int64_t group) const;
+  // This rank's piece of a segment: [partition_numel] inside its group's partition.
+  at::Tensor piece(int64_t segment) const;
+  // The gathered persistent segment of a group ([padded_numel], inside the weight buffer), or undefined.
+  at::Tensor persistent_segment(int64_t group) const;
+
+  bool gathered(int64_t unit) const { return units_.at(size_t(unit)).live; }
+  // Allocates unit `unit`'s storage (contents undefined) and returns a flat alias of it
+  // ([gathered_numel], the plan's dtype); a gathered unit's alias is returned as is.
+  at::Tensor materialize(int64_t unit);
+  // A gathered unit's flat alias (undefined when released).
+  at::Tensor alias(int64_t unit) const;
+  void release(int64_t unit);
+  void release_all();
+  int64_t gathered_bytes() const;  // every gathered unit's storage
+
+ private:
+  struct UnitStorage {
+    c10::intrusive_ptr<c10::StorageImpl> storage;
+    int64_t nbytes = 0;
+    bool live = false;
+  };
+  const ShardingPlan* plan_;
+  int rank_;
+  at::TensorOptions options_;
+  std::vector<at::Tensor> weights_;  // per flat group
+  std::vector<UnitStorage> units_;
+};
+
+}  // namespace tessera::zero
