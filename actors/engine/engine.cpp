@@ -431,7 +431,24 @@ Engine::Scope Engine::coalesce_grad_reduction() {
   });
 }
 
-Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names) {
+void Engine::for_each_gathered_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f) const {
+  auto& s = *impl_;
+  auto params = s.module->named_parameters();
+  if (!s.stage3) {
+    for (const auto& name : s.names) f(name, params[name].detach());
+    return;
+  }
+  const auto& plan = *s.spec->plan;
+  for (size_t u = 0; u < plan.units().size(); ++u) {
+    s.stage3->pin({int64_t(u)});
+    Scope release([&s, u] { s.stage3->unpin({int64_t(u)}); });
+    for (int64_t i : plan.units()[u].params) f(s.names[size_t(i)], params[s.names[size_t(i)]].detach());
+  }
+  for (size_t i = 0; i < s.names.size(); ++i)
+    if (plan.persistent(int64_t(i))) f(s.names[i], params[s.names[i]].detach());
+}
+
+Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names) const {
   auto* s = impl_.get();
   if (!s->stage3) return Scope([] {});
   const auto& plan = *s->spec->plan;

@@ -163,7 +163,12 @@ class Engine {
   // has no memory, and most LibTorch kernels crash on it instead of raising. Changes made inside
   // are not written back to the partitions (a modifier rank is not supported yet). Stages 0-2:
   // nothing to do.
-  [[nodiscard]] Scope gathered_parameters(const std::vector<std::string>& names = {});
+  [[nodiscard]] Scope gathered_parameters(const std::vector<std::string>& names = {}) const;
+  // Calls f(name, weight) for every trainable parameter with its full value: at ZeRO-3 one unit
+  // gathered at a time, in unit order, then the persistent parameters (collective: every rank
+  // calls it); at stages 0-2 the module's parameters in model order. `weight` is the parameter
+  // itself (detached); at ZeRO-3 it is released again after f returns.
+  void for_each_gathered_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f) const;
 
   bool is_gradient_accumulation_boundary() const;
   double get_lr(size_t group = 0) const;  // the lr the next update uses in a parameter group

@@ -110,7 +110,8 @@ struct WeightSyncStats {
 // For receivers that are not tessera's (vLLM- or SGLang-style engines): what the training engine's
 // weights are, by Hugging Face name, dtype and full shape, from its storage maps (nothing is
 // materialised), and each weight as a tensor, one at a time (at ZeRO 0-2 views of the rank's own
-// flat buffer: no copy; call between steps and do not keep them past the next step).
+// flat buffer: no copy; call between steps and do not keep them past the next step; at ZeRO-3
+// one unit gathered at a time, collective: every rank calls it, and a weight is valid only inside f).
 struct WeightMetadata {
   std::string name;
   at::ScalarType dtype;

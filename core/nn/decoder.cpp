@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "core/io/weight_directory.h"
+#include "core/zero/unit_holder.h"
 
 namespace tessera::nn {
 namespace F = torch::nn::functional;
@@ -25,8 +26,8 @@ struct Geometry {
 
 // Row-parallel Linear: each rank multiplies its input columns, the partial sums are added over the
 // group, and the (replicated) bias is added once, after the sum.
-torch::Tensor row_parallel(torch::nn::Linear& linear, const torch::Tensor& x, const TensorParallel& tp) {
-  if (!tp.sharded()) return linear->forward(x);
+torch::Tensor row_parallel(tessera::Unit<torch::nn::Linear>& linear, const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.sharded()) return linear(x);  // through the holder: ZeRO-3 gathers it (tensor parallelism never runs under ZeRO-3)
   auto y = F::linear(x, linear->weight).contiguous();
   tp.all_reduce_sum(y);
   return linear->bias.defined() ? y + linear->bias : y;
@@ -96,8 +97,8 @@ struct AttentionImpl : torch::nn::Module {
     return row_parallel(o_proj, out, g.tp);
   }
   Geometry g;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  RmsNorm q_norm{nullptr}, k_norm{nullptr};
+  tessera::Unit<torch::nn::Linear> q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  tessera::Unit<RmsNorm> q_norm{nullptr}, k_norm{nullptr};
 };
 TORCH_MODULE(Attention);
 
@@ -113,7 +114,7 @@ struct SwiGluImpl : torch::nn::Module {
     return row_parallel(down_proj, torch::silu(gate_proj(x)) * up_proj(x), tp);
   }
   TensorParallel tp;
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  tessera::Unit<torch::nn::Linear> gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(SwiGlu);
 
@@ -132,7 +133,7 @@ struct DecoderLayerImpl : torch::nn::Module {
   }
   Attention self_attn{nullptr};
   SwiGlu mlp{nullptr};
-  RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  tessera::Unit<RmsNorm> input_layernorm{nullptr}, post_attention_layernorm{nullptr};
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -145,9 +146,9 @@ struct BackboneImpl : torch::nn::Module {
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(g));
     norm = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps));
   }
-  torch::nn::Embedding embed_tokens{nullptr};
+  tessera::Unit<torch::nn::Embedding> embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
-  RmsNorm norm{nullptr};
+  tessera::Unit<RmsNorm> norm{nullptr};
 };
 TORCH_MODULE(Backbone);
 
@@ -159,7 +160,7 @@ struct CausalLmModule : torch::nn::Module {
                                                   padded_vocab_size(g.config, g.tp.size) / g.tp.size, false));
   }
   Backbone model{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  tessera::Unit<torch::nn::Linear> lm_head{nullptr};
 };
 
 uint64_t name_seed(uint64_t seed, const std::string& name) {
@@ -302,8 +303,15 @@ at::Tensor DecoderLm::forward(const at::Tensor& ids, const DecoderInputs& in) co
   if (in.last_only) x = x.narrow(1, T - 1, 1);
   x = m.model->norm(x);
 
+  // The head's weight is used outside a holder's call (a tied head is the embedding's weight): it
+  // is bracketed by hand, so a ZeRO-3 engine gathers the unit that owns it (unit_hooks.h).
+  torch::nn::Module* owner = config_.tie_word_embeddings ? static_cast<torch::nn::Module*>(m.model->embed_tokens.get())
+                                                         : static_cast<torch::nn::Module*>(m.lm_head.get());
+  zero::UnitCall head_call(owner);
   const auto& head = config_.tie_word_embeddings ? m.model->embed_tokens->weight : m.lm_head->weight;
-  auto logits = F::linear(x, head).to(torch::kFloat);
+  auto projected = F::linear(x, head);
+  head_call.finish({projected}, false);
+  auto logits = projected.to(torch::kFloat);
   if (!tp.sharded()) return logits;
   // Vocabulary-parallel head: gather every rank's slice of the (padded) vocabulary.
   const auto Tq = logits.size(1), local = logits.size(2);

@@ -1,4 +1,4 @@
-// The Llama/Qwen decoder family trains under the ZeRO engine like any module: stages 0/1/2 against
+// The Llama/Qwen decoder family trains under the ZeRO engine like any module: stages 0/1/2/3 against
 // the single-process oracle (every rank's batch differentiated here, gradients averaged as the
 // engine does, LibTorch's AdamW), bitwise at 2 ranks, relative L2 <= 1e-5 at 4. With GQA, Qwen2's
 // biases, Qwen3's q/k norms, tied and untied embeddings.
@@ -30,7 +30,9 @@ std::string toml(int stage) {
   return "train_micro_batch_size_per_gpu = " + std::to_string(kBatch / kWorld) +
          "\ngradient_accumulation_steps = 1\ngradient_clipping = 0.0\n[optimizer]\ntype = \"AdamW\"\n"
          "[optimizer.params]\nlr = 3e-3\nweight_decay = 0.01\n[zero_optimization]\nstage = " +
-         std::to_string(stage) + "\nreduce_bucket_size = 6000\n[tessera.transport]\ncollective_timeout_ms = 60000\n";
+         std::to_string(stage) + "\nreduce_bucket_size = 6000\n" +
+         // Stage 3: norms (and Qwen2's biases) stay gathered, every projection and embedding is a unit.
+         (stage == 3 ? "stage3_param_persistence_threshold = 64\n" : "") + "[tessera.transport]\ncollective_timeout_ms = 60000\n";
 }
 
 std::map<std::string, torch::Tensor> train_engine(const std::string& family, int stage) {
@@ -42,6 +44,7 @@ std::map<std::string, torch::Tensor> train_engine(const std::string& family, int
     engine->backward(model.loss(batch.tokens, batch.targets));
     engine->step();
   }
+  auto gathered = engine->gathered_parameters();
   return snapshot_parameters(*model.module());
 }
 
@@ -62,7 +65,8 @@ std::map<std::string, torch::Tensor> train_oracle(const std::string& family) {
 }  // namespace
 
 TEST_CASE("Weight metadata and per-tensor export: HF names, dtypes, full shapes; the module's own bits", "[engine][decoder]") {
-  for (int stage : {0, 2}) {
+  for (int stage : {0, 2, 3}) {
+    INFO("stage " << stage);
     auto model = make_model("qwen3");
     auto config = tessera::config::load_config_text(toml(stage), tessera::config::Format::toml, "engine_decoder_test");
     auto engine = tessera::initialize(model.module(), config).engine;
@@ -73,14 +77,24 @@ TEST_CASE("Weight metadata and per-tensor export: HF names, dtypes, full shapes;
     const auto shapes = tessera::nn::decoder_parameter_shapes(model.config());
     REQUIRE(meta.size() == shapes.size());
     auto params = model.module()->named_parameters();
+    // The oracle: every parameter gathered at once (stage 3), copied.
+    std::map<std::string, torch::Tensor> whole;
+    {
+      auto gathered = engine->gathered_parameters();
+      whole = snapshot_parameters(*model.module());
+    }
     size_t exported = 0;
     tessera::export_weights(*engine, [&](const std::string& name, const at::Tensor& w) {
       INFO(name);
-      CHECK(torch::equal(w, params[name]));
-      CHECK(w.data_ptr() == params[name].data_ptr());  // a view of the engine's buffer, not a copy
+      CHECK(torch::equal(w, whole.at(name)));
+      CHECK(w.data_ptr() == params[name].data_ptr());  // the parameter's own memory, not a copy
       ++exported;
     });
     CHECK(exported == shapes.size());
+    if (stage == 3) {  // one unit at a time: released again afterwards
+      CHECK(params["model.layers.0.mlp.up_proj.weight"].storage().nbytes() == 0);
+      CHECK(params["model.norm.weight"].storage().nbytes() > 0);  // persistent
+    }
     for (const auto& m : meta) {
       CHECK(m.dtype == at::kFloat);
       CHECK(m.shape == params[m.name].sizes().vec());
@@ -88,10 +102,10 @@ TEST_CASE("Weight metadata and per-tensor export: HF names, dtypes, full shapes;
   }
 }
 
-TEST_CASE("Llama, Qwen2 and Qwen3 train at stages 0, 1, 2 as the single-process oracle does", "[engine][decoder]") {
+TEST_CASE("Llama, Qwen2 and Qwen3 train at stages 0, 1, 2, 3 as the single-process oracle does", "[engine][decoder]") {
   for (const auto& [family, text] : tessera::nn::testing::family_configs()) {
     const auto oracle = train_oracle(family);
-    for (int stage : {0, 1, 2}) {
+    for (int stage : {0, 1, 2, 3}) {
       INFO(family << " stage " << stage << " world " << kWorld);
       const auto engine = train_engine(family, stage);
       REQUIRE(engine.size() == oracle.size());

@@ -18,11 +18,13 @@ inline std::string env(const char* name) {
 inline const transport::LaunchEnv kEnv = transport::LaunchEnv::from_env();
 inline const bool kTraining = env("TESSERA_UCX_ROLE") == "train";
 
-// AdamW at lr 1e-2 (every weight moves each step), small buckets (several per backward).
+// AdamW at lr 1e-2 (every weight moves each step), small buckets (several per backward); at
+// stage 3 every projection and embedding partitioned (norms and biases stay gathered).
 inline std::string sync_test_engine_toml(int stage) {
   return "train_micro_batch_size_per_gpu = 2\ngradient_accumulation_steps = 1\n[optimizer]\ntype = \"AdamW\"\n"
          "[optimizer.params]\nlr = 1e-2\n[zero_optimization]\nstage = " + std::to_string(stage) +
-         "\nreduce_bucket_size = 4000\n[tessera.transport]\ncollective_timeout_ms = 60000\n";
+         "\nreduce_bucket_size = 4000\n" + (stage == 3 ? "stage3_param_persistence_threshold = 64\n" : "") +
+         "[tessera.transport]\ncollective_timeout_ms = 60000\n";
 }
 
 }  // namespace tessera::testing

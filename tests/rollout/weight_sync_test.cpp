@@ -1,5 +1,5 @@
 // Training -> rollout sync across two jobs started by tests/transport/two_jobs.py (roles "train"
-// and "rollout" in TESSERA_UCX_ROLE): a DP-2 ZeRO engine at stages 1 and 2 trains a Llama (every
+// and "rollout" in TESSERA_UCX_ROLE): a DP-2 ZeRO engine at stages 1, 2 and 3 trains a Llama (every
 // bias, 2 KV heads) and a Qwen2 (tied, 1 KV head: replicated at TP 4, padded vocabulary), syncs
 // into a RolloutEngine at TP 2 or 4 whose weights start as NaN, twice (plans reused). Oracle: after
 // each sync the training job's rank 0 saves the model as safetensors; the rollout ranks load it
@@ -88,9 +88,12 @@ void train(const std::string& family, int stage, const std::string& session, int
       CHECK(stats.bytes_sent == on_my_node);
       CHECK(on_my_node > 0);
     }
-    if (kEnv.rank == 0) {
-      model.save_pretrained(oracle_dir(session, round).string());
-      marks->set("saved" + std::to_string(round), "1");
+    {
+      auto gathered = engine->gathered_parameters();  // stage 3: every rank gathers, rank 0 saves
+      if (kEnv.rank == 0) {
+        model.save_pretrained(oracle_dir(session, round).string());
+        marks->set("saved" + std::to_string(round), "1");
+      }
     }
   }
 }
@@ -155,9 +158,9 @@ void receive(const std::string& family, const std::string& session, at::ScalarTy
 
 }  // namespace
 
-TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for bit, twice", "[.sync]") {
+TEST_CASE("Training at DP 2 (stages 1, 2, 3) syncs into a rollout TP group bit for bit, twice", "[.sync]") {
   for (const std::string family : {"llama", "qwen2"}) {
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       const auto session = family + "_stage" + std::to_string(stage);
       if (kTraining) train(family, stage, session);
       else receive(family, session);
@@ -239,7 +242,7 @@ TEST_CASE("Training at DP 2 (stages 1, 2) syncs into a rollout TP group bit for 
   }
   if (!kTraining && kEnv.rank == 0)
     for (const std::string family : {"llama", "qwen2"})
-      for (int stage : {1, 2})
+      for (int stage : {1, 2, 3})
         for (int round : {0, 1}) fs::remove_all(oracle_dir(family + "_stage" + std::to_string(stage), round));
   if (!kTraining && kEnv.rank == 0) {
     for (int round : {0, 1}) fs::remove_all(oracle_dir("qwen2_bf16", round));
