@@ -200,7 +200,11 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
                            "\ngradient_accumulation_steps = 1\ngradient_clipping = " + std::to_string(a.max_grad_norm) +
                            "\n[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = " + std::to_string(a.lr) +
                            "\nbetas = [" + std::to_string(a.beta1) + ", " + std::to_string(a.beta2) + "]\nweight_decay = 0.0\n"
-                           "[zero_optimization]\nstage = " + std::to_string(a.zero_stage) + "\n";
+                           "[zero_optimization]\nstage = " + std::to_string(a.zero_stage) + "\n" +
+                           // Stage 3: DeepSpeed's "auto" rule (10 x hidden): only the norms stay gathered.
+                           (a.zero_stage == 3 ? "stage3_param_persistence_threshold = " +
+                                                    std::to_string(10 * config.hidden_size) + "\n"
+                                              : std::string());
   auto engine =
       tessera::initialize(policy.module(), tessera::config::load_config_text(toml, tessera::config::Format::toml, "grpo"))
           .engine;
@@ -231,6 +235,7 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
   if (a.kl_beta > 0) {
     reference = std::make_unique<tessera::nn::DecoderLm>(config, mo);
     torch::NoGradGuard no_grad;
+    auto gathered = engine->gathered_parameters();  // stage 3: the policy's units are released between steps
     auto ref_params = reference->module()->named_parameters();
     for (const auto& item : policy.module()->named_parameters()) ref_params[item.key()].copy_(item.value());
   }
@@ -406,7 +411,7 @@ int main(int argc, char** argv) {
                  "copy, swapped in at the next generate())")
       ->check(CLI::IsMember({"in_place", "double_buffered"}));
   app.add_flag("--delta", a.delta, "delta syncs: only the elements whose bits changed travel");
-  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage of the training job")->check(CLI::Range(0, 2));
+  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage of the training job")->check(CLI::Range(0, 3));
   app.add_option("--rollout-dtype", a.rollout_dtype, "fp32 | bf16 (weights cast on the way)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--seed", a.seed, "seed of prompts, sampling and initialisation");

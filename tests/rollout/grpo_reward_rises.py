@@ -1,29 +1,49 @@
 #!/usr/bin/env python3
 """The GRPO example, short and seeded: both jobs start, run, end cleanly, and the mean reward of
 the last steps is clearly above that of the first (the loop learns). Nothing about speed.
-Usage: grpo_reward_rises.py BUILD_DIR PORT"""
+With a ZeRO stage after the port, the training job runs at that stage and a second run at stage 2
+(port + 1) is the oracle: training is exact at every stage and sampling is seeded, so every step's
+reward, loss and sequence log-probability must equal stage 2's as printed.
+Usage: grpo_reward_rises.py BUILD_DIR PORT [STAGE]"""
 import os
 import subprocess
 import sys
 import tempfile
 
-build, port = sys.argv[1], sys.argv[2]
+build, port = sys.argv[1], int(sys.argv[2])
+stage = int(sys.argv[3]) if len(sys.argv) > 3 else None
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-with tempfile.TemporaryDirectory() as out:
+
+
+def run(out, port, stage):
+    extra = ["--steps", "40", "--seed", "3"] + (["--zero-stage", str(stage)] if stage is not None else [])
     r = subprocess.run([sys.executable, os.path.join(root, "examples", "grpo", "run_grpo.py"), "--build", build,
-                        "--port", port, "--out", out, "--", "--steps", "40", "--seed", "3"],
-                       timeout=600)
+                        "--port", str(port), "--out", out, "--"] + extra, timeout=600)
     if r.returncode != 0:
-        sys.exit(f"grpo_reward_rises: run_grpo.py exited {r.returncode}")
-    rows = [l.strip().split(",") for l in open(os.path.join(out, "grpo.csv"))][1:]
-    rewards = [float(x[1]) for x in rows]
-    mismatch = max(float(x[4]) for x in rows)
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
-    print(f"grpo_reward_rises: {len(rows)} steps, mean reward of the first 5 {first:.3f}, of the last 10 {last:.3f}, "
-          f"largest log-prob mismatch {mismatch:.2e}; plot written: {os.path.exists(os.path.join(out, 'grpo.png'))}")
+        sys.exit(f"grpo_reward_rises: run_grpo.py (stage {stage}) exited {r.returncode}")
+    lines = [l.strip().split(",") for l in open(os.path.join(out, "grpo.csv"))]
+    header, rows = lines[0], lines[1:]
     if len(rows) != 40 or not os.path.exists(os.path.join(out, "grpo.png")):
         sys.exit("grpo_reward_rises: missing steps or plot")
+    return {name: [r[i] for r in rows] for i, name in enumerate(header)}
+
+
+with tempfile.TemporaryDirectory() as out:
+    curve = run(out, port, stage)
+    rewards = [float(x) for x in curve["reward"]]
+    mismatch = max(float(x) for x in curve["logprob_mismatch"])
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
+    print(f"grpo_reward_rises: stage {stage or 2}, {len(rewards)} steps, mean reward of the first 5 {first:.3f}, of the "
+          f"last 10 {last:.3f}, largest log-prob mismatch {mismatch:.2e}")
     if last < first + 0.1:
         sys.exit("grpo_reward_rises: the reward did not rise")
     if mismatch > 1e-4:  # the same fp32 weights on both sides: float noise only
         sys.exit("grpo_reward_rises: the rollout's log-probs differ from the policy's")
+    if stage is not None:
+        with tempfile.TemporaryDirectory() as out2:
+            oracle = run(out2, port + 1, None)
+        for column in ("reward", "loss", "neg_logprob"):
+            for step, (a, b) in enumerate(zip(curve[column], oracle[column])):
+                if a != b:
+                    sys.exit(f"grpo_reward_rises: step {step + 1} {column} {a} at stage {stage}, {b} at stage 2")
+        print(f"grpo_reward_rises: every step's reward, loss and log-probability equal stage 2's")
