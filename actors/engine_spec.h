@@ -25,6 +25,11 @@ struct EngineSpec {
   int rank = 0;                       // in the data-parallel group
   int world = 1;                      // data-parallel size
   std::chrono::milliseconds timeout{300000};  // of every collective and every actor request
+  // ZeRO-3: elements gathered ahead of demand at most (stage3_prefetch_bucket_size; 0: no
+  // prefetch), and gathered at once at most (stage3_max_live_parameters; the unit a fetch asks
+  // for is gathered whatever its size).
+  int64_t prefetch_elements = 50'000'000;
+  int64_t max_live_elements = 1'000'000'000;
 
   int64_t owned_partition() const { return plan->owned_partition(rank); }
   bool partitioned_gradients() const { return plan->partitioned_gradients(); }

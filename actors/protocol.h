@@ -22,7 +22,8 @@
 //   <- partitions -> Buffers     this rank's partitions, lent to the optimizer until `gather`
 //   <- gather -> Done            all-gather the updated partitions into every rank's buffers
 //   <- buffers -> Buffers        the whole flat buffers (storage maps, memory; between steps)
-//   <- fetch(u) -> Done          ZeRO-3: gather unit u (all-gather of its segments) if released
+//   <- fetch(u) -> Done          ZeRO-3: gather unit u (all-gather of its segments) if released;
+//                                after the reply, gather the next recorded units ahead
 //   <- release(u)                ZeRO-3: free unit u's storage (u = -1: every unit)
 // optimizer-shard (owns masters and optimizer states through its state store)
 //   <- step(StepRequest) -> StepReport   finish -> partitions -> update -> gather + zero
@@ -103,9 +104,19 @@ struct GradientsReady {
   std::exception_ptr error;
 };
 
+// ZeRO-3: what the parameter-shard did since it started.
+struct Stage3Counters {
+  int64_t fetches = 0;           // fetch requests
+  int64_t prefetched = 0;        // of them: the unit was already on its way (gathered ahead)
+  int64_t already_gathered = 0;  // of them: the unit was still gathered (nothing to do)
+  int64_t prefetch_issued = 0;   // gathers issued ahead of a request
+  int64_t divergences = 0;       // windows that left the recorded order
+};
+
 struct Buffers {
   std::vector<at::Tensor> tensors;  // per flat group
   int64_t gathered_bytes = 0;       // ZeRO-3: storage of the units gathered right now
+  Stage3Counters stage3;
   std::exception_ptr error;
 };
 

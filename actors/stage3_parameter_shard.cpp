@@ -1,5 +1,25 @@
-// The ZeRO-3 parameter-shard (parameter_shard.h): gathers units on demand.
+// The ZeRO-3 parameter-shard (parameter_shard.h): gathers units on demand and ahead of demand.
+//
+// Order check: every gather of a unit (or of the persistent segments after an update) is preceded,
+// on the same communicator, by an all-gather of a 3-number header (unit, gather number, elements).
+// Ranks that gather different units at the same point (a model whose ranks run different modules)
+// get an error naming the ranks, their units and the gather number instead of a hang or a silent
+// mix of two units' pieces. The header is checked before the unit's data is used; its collective
+// runs ahead of the data's in the communicator's order, so the check costs one small collective
+// and no extra round trip.
+//
+// Prefetch: the fetches of the first update window (from the first fetch to the first update's
+// gather) are recorded. In later windows, after each fetch that follows the record, the next
+// recorded units are gathered ahead (issued, not waited for) while their elements stay within
+// stage3_prefetch_bucket_size and everything gathered within stage3_max_live_parameters. A fetch
+// that leaves the record stops prefetching for the rest of that window (said once). Prefetch
+// decisions depend only on the record and on the messages' order, which the user's thread fixes,
+// so every rank issues the same gathers.
 #include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
 
 #include "actors/actor_runtime.h"
 #include "actors/parameter_shard.h"
@@ -8,53 +28,194 @@
 namespace tessera::actors {
 namespace {
 
+constexpr int64_t kPersistent = -2;  // the header's unit for the persistent segments' gather
+
+struct Inflight {
+  int64_t number = 0;                // gather number
+  std::vector<int64_t> expected;     // this rank's header
+  at::Tensor headers;                // every rank's header (W x 3)
+  std::shared_ptr<transport::Work> header_work;
+  std::vector<std::shared_ptr<transport::Work>> works;
+};
+
 struct Stage3ShardState {
   std::shared_ptr<const EngineSpec> spec;
   std::unique_ptr<zero::Stage3Parameters> params;
   std::shared_ptr<transport::Communicator> comm;
-  int64_t fetches = 0;  // fetch number (errors name it)
+  int64_t gathers = 0;                 // every rank numbers its gathers alike
+  std::map<int64_t, Inflight> inflight;  // by unit (kPersistent: the persistent segments)
+  std::exception_ptr pending;          // a failure found while releasing, reported by the next request
+  // The record and where the current window is in it.
+  std::vector<int64_t> trace;
+  bool recording = true, following = false, warned = false;
+  size_t position = 0;
+  int64_t windows = 0;
+  Stage3Counters counters;
 
-  // Every segment's piece copied into its place in `gathered` (the segment's padded_numel), then
-  // all-gathered in place; waits for all of them.
-  void gather_segments(const std::vector<std::pair<int64_t, at::Tensor>>& targets) {
-    std::vector<std::shared_ptr<transport::Work>> works;
-    for (const auto& [index, gathered] : targets) {
-      const auto& s = spec->plan->segments()[size_t(index)];
-      gathered.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel).copy_(params->piece(index));
-      if (comm) works.push_back(comm->all_gather_in_place(gathered));
-    }
-    for (auto& w : works) w->wait();
+  const zero::ShardingPlan& plan() const { return *spec->plan; }
+  int64_t numel(int64_t unit) const { return plan().units()[size_t(unit)].gathered_numel; }
+  std::string unit_name(int64_t unit) const {
+    if (unit == kPersistent) return "(the persistent parameters)";
+    if (unit < 0 || size_t(unit) >= plan().units().size()) return "#" + std::to_string(unit);
+    const auto& m = plan().units()[size_t(unit)].module;
+    return "'" + (m.empty() ? std::string("(root)") : m) + "'";
   }
 
-  void fetch(int64_t unit) {
-    const auto& units = spec->plan->units();
-    if (unit < 0 || size_t(unit) >= units.size())
-      throw Error("ZeRO-3: fetch of unit " + std::to_string(unit) + " of " + std::to_string(units.size()));
-    ++fetches;
-    if (params->gathered(unit)) return;
-    auto alias = params->materialize(unit);
-    std::vector<std::pair<int64_t, at::Tensor>> targets;
-    for (int64_t index : units[size_t(unit)].segments) {
-      const auto& s = spec->plan->segments()[size_t(index)];
-      targets.emplace_back(index, alias.narrow(0, s.gathered_offset, s.layout.padded_numel));
+  // Issues the header and the segments' gathers into `targets` (segment index, gathered view).
+  Inflight issue(int64_t unit, const std::vector<std::pair<int64_t, at::Tensor>>& targets) {
+    Inflight f;
+    f.number = ++gathers;
+    int64_t elements = 0;
+    for (const auto& t : targets) elements += t.second.numel();
+    f.expected = {unit, f.number, elements};
+    if (comm) {
+      auto mine = at::tensor(f.expected, at::TensorOptions().dtype(at::kLong));
+      f.headers = at::empty({int64_t(comm->size()) * 3}, mine.options());
+      f.header_work = comm->all_gather(mine, f.headers);
     }
+    for (const auto& [index, gathered] : targets) {
+      const auto& s = plan().segments()[size_t(index)];
+      gathered.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel).copy_(params->piece(index));
+      if (comm) f.works.push_back(comm->all_gather_in_place(gathered));
+    }
+    return f;
+  }
+
+  void check(const Inflight& f) const {
+    auto h = f.headers.accessor<int64_t, 1>();
+    bool same = true;
+    for (int r = 0; r < comm->size(); ++r)
+      for (int k = 0; k < 3; ++k) same = same && h[r * 3 + k] == f.expected[size_t(k)];
+    if (same) return;
+    std::string ranks;
+    for (int r = 0; r < comm->size(); ++r)
+      ranks += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " unit " + unit_name(h[r * 3]) +
+               " (its gather #" + std::to_string(h[r * 3 + 1]) + ", " + std::to_string(h[r * 3 + 2]) + " elements)";
+    throw Error("ZeRO-3: the data-parallel ranks gather different units at gather #" + std::to_string(f.number) + ": " +
+                ranks + ". Every rank must run the same modules in the same order; a block that routes its input "
+                "to different submodules on different ranks (mixture of experts) must be a leaf module "
+                "(zero_optimization.leaf_module), which is gathered whole");
+  }
+
+  // Waits for an issued gather; a failure releases the unit.
+  void complete(int64_t unit) {
+    auto it = inflight.find(unit);
+    if (it == inflight.end()) return;
+    Inflight f = std::move(it->second);
+    inflight.erase(it);
     try {
-      gather_segments(targets);
+      if (f.header_work) {
+        try {
+          f.header_work->wait();
+        } catch (...) {
+          throw;
+        }
+        check(f);
+      }
+      for (auto& w : f.works) w->wait();
     } catch (...) {
-      params->release(unit);  // never leave a half-gathered unit looking gathered
+      if (unit >= 0) params->release(unit);
       throw;
     }
   }
 
-  void gather_persistent() {
+  std::vector<std::pair<int64_t, at::Tensor>> unit_targets(int64_t unit) {
+    auto alias = params->materialize(unit);
     std::vector<std::pair<int64_t, at::Tensor>> targets;
-    for (size_t g = 0; g < spec->plan->groups().size(); ++g) {
+    for (int64_t index : plan().units()[size_t(unit)].segments) {
+      const auto& s = plan().segments()[size_t(index)];
+      targets.emplace_back(index, alias.narrow(0, s.gathered_offset, s.layout.padded_numel));
+    }
+    return targets;
+  }
+
+  void start(int64_t unit) { inflight.emplace(unit, issue(unit, unit_targets(unit))); }
+
+  void rethrow_pending() {
+    if (pending) std::rethrow_exception(std::exchange(pending, nullptr));
+  }
+
+  void fetch(int64_t unit) {
+    rethrow_pending();
+    if (unit < 0 || size_t(unit) >= plan().units().size())
+      throw Error("ZeRO-3: fetch of unit " + std::to_string(unit) + " of " + std::to_string(plan().units().size()));
+    ++counters.fetches;
+    if (recording) {
+      trace.push_back(unit);
+    } else if (following) {
+      if (position < trace.size() && trace[position] == unit) {
+        ++position;
+      } else {
+        following = false;
+        if (!warned && spec->rank == 0)
+          std::fprintf(stderr, "[tessera] ZeRO-3: update window %lld left the recorded module order at fetch %zu "
+                               "(recorded %s, now %s); gathering on demand for the rest of the window\n",
+                       static_cast<long long>(windows), position,
+                       position < trace.size() ? unit_name(trace[position]).c_str() : "(the end)", unit_name(unit).c_str());
+        warned = true;
+        ++counters.divergences;
+      }
+    }
+    if (inflight.count(unit)) {
+      ++counters.prefetched;
+      complete(unit);
+    } else if (params->gathered(unit)) {
+      ++counters.already_gathered;
+    } else {
+      start(unit);
+      complete(unit);
+    }
+  }
+
+  // Gathers ahead along the record (after a fetch's reply went out).
+  void prefetch() {
+    if (!following) return;
+    int64_t ahead = 0;
+    for (const auto& [u, f] : inflight)
+      if (u >= 0) ahead += numel(u);
+    int64_t live = params->gathered_bytes() / int64_t(c10::elementSize(spec->dtype));
+    for (size_t k = position; k < trace.size(); ++k) {
+      const int64_t u = trace[k];
+      if (params->gathered(u)) continue;  // gathered or in flight
+      if (ahead + numel(u) > spec->prefetch_elements || live + numel(u) > spec->max_live_elements) break;
+      try {
+        start(u);
+      } catch (...) {
+        pending = std::current_exception();
+        return;
+      }
+      ahead += numel(u), live += numel(u);
+      ++counters.prefetch_issued;
+    }
+  }
+
+  void release(int64_t unit) {
+    if (inflight.count(unit)) {
+      try {
+        complete(unit);
+      } catch (...) {
+        if (!pending) pending = std::current_exception();
+      }
+    }
+    params->release(unit);
+  }
+
+  void gather_persistent() {
+    rethrow_pending();
+    std::vector<std::pair<int64_t, at::Tensor>> targets;
+    for (size_t g = 0; g < plan().groups().size(); ++g) {
       auto persistent = params->persistent_segment(int64_t(g));
       if (!persistent.defined()) continue;
-      for (int64_t index : spec->plan->groups()[g].segments)
-        if (spec->plan->segments()[size_t(index)].persistent()) targets.emplace_back(index, persistent);
+      for (int64_t index : plan().groups()[g].segments)
+        if (plan().segments()[size_t(index)].persistent()) targets.emplace_back(index, persistent);
     }
-    gather_segments(targets);
+    inflight.emplace(kPersistent, issue(kPersistent, targets));
+    complete(kPersistent);
+    // An update ends a window: the first one's fetches are the record; the next window follows it.
+    ++windows;
+    if (recording && !trace.empty()) recording = false;
+    following = !recording && spec->prefetch_elements > 0;
+    position = 0;
   }
 };
 
@@ -65,7 +226,7 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
       [=](partitions_atom) -> Buffers {
         Buffers out;
         auto& st = self->state;
-        for (size_t g = 0; g < st.spec->plan->groups().size(); ++g) out.tensors.push_back(st.params->partition(int64_t(g)));
+        for (size_t g = 0; g < st.plan().groups().size(); ++g) out.tensors.push_back(st.params->partition(int64_t(g)));
         return out;
       },
       [=](gather_atom) -> Done {
@@ -80,23 +241,31 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
       [=](buffers_atom) -> Buffers {
         Buffers out;
         auto& st = self->state;
-        for (size_t g = 0; g < st.spec->plan->groups().size(); ++g) out.tensors.push_back(st.params->weight_buffer(int64_t(g)));
+        for (size_t g = 0; g < st.plan().groups().size(); ++g) out.tensors.push_back(st.params->weight_buffer(int64_t(g)));
         out.gathered_bytes = st.params->gathered_bytes();
+        out.stage3 = st.counters;
         return out;
       },
-      [=](fetch_atom, int64_t unit) -> Done {
+      [=](fetch_atom, int64_t unit) -> caf::typed_response_promise<Done> {
+        auto& st = self->state;
+        auto promise = self->make_response_promise<Done>();
         Done done;
         try {
-          self->state.fetch(unit);
+          st.fetch(unit);
         } catch (...) {
           done.error = std::current_exception();
         }
-        return done;
+        promise.deliver(done);  // the user's thread goes on while the next units are issued
+        if (!done.error) st.prefetch();
+        return promise;
       },
       [=](release_atom, int64_t unit) {
         auto& st = self->state;
-        if (unit < 0) st.params->release_all();
-        else if (size_t(unit) < st.spec->plan->units().size()) st.params->release(unit);
+        if (unit < 0) {
+          for (size_t u = 0; u < st.plan().units().size(); ++u) st.release(int64_t(u));
+        } else if (size_t(unit) < st.plan().units().size()) {
+          st.release(unit);
+        }
       },
   };
 }

@@ -277,6 +277,8 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   spec->rank = rank;
   spec->world = size;
   spec->timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
+  spec->prefetch_elements = settings.prefetch_elements;
+  spec->max_live_elements = settings.max_live_elements;
   if (!groups.empty() && groups.front().client_step) actors::detach_client_parameters(*options.optimizer);
   std::vector<std::unique_ptr<zero::FlatParameters>> flat;
   std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels;
@@ -531,6 +533,19 @@ EngineMemory Engine::memory() const {
   m.master = states.master_bytes;
   m.optimizer_states = states.state_bytes;
   return m;
+}
+
+Stage3Stats Engine::stage3_stats() const {
+  auto& s = *impl_;
+  Stage3Stats out;
+  if (!s.stage3) return out;
+  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "stage3_stats: the parameter-shard",
+                                                                    actors::buffers_atom::value));
+  const auto& c = buffers.stage3;
+  out.fetches = c.fetches, out.prefetched = c.prefetched, out.already_gathered = c.already_gathered;
+  out.prefetch_issued = c.prefetch_issued, out.divergences = c.divergences;
+  out.fetch_wait_s = s.stage3->fetch_wait_s();
+  return out;
 }
 
 EngineStorage Engine::storage_maps() const {

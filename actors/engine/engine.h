@@ -84,6 +84,16 @@ struct EngineMemory {
   int64_t optimizer_states = 0;  // every state of every partition
 };
 
+// ZeRO-3's gathers since initialize (zeros at stages 0-2).
+struct Stage3Stats {
+  int64_t fetches = 0;           // units asked for by a forward, a backward or a gathered-parameters scope
+  int64_t prefetched = 0;        // of them: already on their way, gathered ahead along the recorded order
+  int64_t already_gathered = 0;  // of them: still gathered (nothing to do)
+  int64_t prefetch_issued = 0;   // gathers issued ahead of demand
+  int64_t divergences = 0;       // update windows that left the recorded module order
+  double fetch_wait_s = 0;       // time the caller's thread waited for fetches
+};
+
 struct InitializeOptions {
   // The data-parallel group. nullptr: from tessera-launch's environment (RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT) when WORLD_SIZE > 1, else a single-rank engine.
@@ -190,6 +200,7 @@ class Engine {
   double last_grad_norm() const;      // of the last update with clipping, else -1
   StepTiming last_step_timing() const;
   EngineMemory memory() const;
+  Stage3Stats stage3_stats() const;
   // Affine maps of the weights, fp32 master and optimizer states over the data-parallel ranks,
   // with this rank's buffers (storage_maps.h). Call between steps.
   EngineStorage storage_maps() const;

@@ -67,6 +67,13 @@ EngineSettings engine_settings(const config::Config& c) {
   s.sub_group_elements = c.zero_optimization.sub_group_size;
   s.overlap_comm = c.zero_optimization.overlap_comm;
   s.persistence_threshold = c.zero_optimization.stage3_param_persistence_threshold.value;
+  s.prefetch_elements = c.zero_optimization.stage3_prefetch_bucket_size.value;
+  s.max_live_elements = c.zero_optimization.stage3_max_live_parameters;
+  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"stage3_prefetch_bucket_size", s.prefetch_elements},
+                               {"stage3_max_live_parameters", s.max_live_elements}})
+    if (v < 0)
+      throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") + "zero_optimization." + key + " = " +
+                        std::to_string(v) + ": expected a number of elements >= 0");
   if (s.persistence_threshold < 0)
     throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") +
                       "zero_optimization.stage3_param_persistence_threshold = " + std::to_string(s.persistence_threshold) +

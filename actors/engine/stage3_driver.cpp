@@ -49,6 +49,12 @@ void Stage3Driver::unpin(const std::vector<int64_t>& units) {
 }
 
 void Stage3Driver::fetch(int64_t unit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Count {
+    double& total;
+    std::chrono::steady_clock::time_point t0;
+    ~Count() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  } count{wait_s_, t0};
   checked(ask<Done>(shard_, bound_, "ZeRO-3: the parameter-shard (gathering unit '" + spec_->plan->units().at(size_t(unit)).module + "')",
                     fetch_atom::value, unit));
 }

@@ -41,6 +41,7 @@ class Stage3Driver final : public zero::UnitListener {
   void release_all();
   void pin(const std::vector<int64_t>& units);    // in ascending order: a collective, same on every rank
   void unpin(const std::vector<int64_t>& units);
+  double fetch_wait_s() const { return wait_s_; }
 
  private:
   void fetch(int64_t unit);
@@ -56,6 +57,7 @@ class Stage3Driver final : public zero::UnitListener {
   std::vector<int64_t> missing_;   // per unit: parameters not reported in this backward
   std::vector<char> reported_;     // per parameter, this backward
   std::vector<int> pins_;          // per unit: open gathered-parameters scopes holding it
+  double wait_s_ = 0;              // the caller's thread waiting in fetch()
 };
 
 }  // namespace tessera::actors
