@@ -4,6 +4,8 @@
 //   tools/tessera-launch --nproc-per-node 2 build/examples/train_lm/train_lm --config configs/zero2.toml
 //   tools/tessera-launch --nproc-per-node 2 build/examples/train_lm/train_lm --config examples/train_lm/train_lm.toml \
 //       --model-config configs/models/tiny-qwen3 --save-dir out/tiny-qwen3
+//   tools/tessera-launch --nproc-per-node 2 build/examples/train_lm/train_lm --config examples/train_lm/train_lm.toml \
+//       --zero-stage 3          # train_lm.toml's stage is "auto": --zero-stage picks it (default 2)
 //
 // One training step, top to bottom (B = micro batch per rank, T = context, V = 256 bytes):
 //   tokens, targets [B, T] int64   <- ByteCorpus::batch(seed, step, micro, B * world, T, rank, world)
@@ -13,6 +15,10 @@
 //                                     gradient-reducer reduces buckets of the flat gradients meanwhile
 //   engine->step()                 <- at the boundary: wait reductions, clip, update this rank's
 //                                     partition (fp32 master), all-gather the new weights
+// At ZeRO stage 3 the weights stay partitioned: each module's are gathered just before its forward
+// (and again before its backward) and released after, and gradients are reduce-scattered per
+// module. A released weight has no memory, so saving reads the model inside
+// engine->gathered_parameters() (every rank enters it: it is a collective).
 // Rank 0 prints a progress line (step, loss, tokens/s, lr, loss scale) and writes a CSV of the curve.
 #include <CLI/CLI.hpp>
 
@@ -119,6 +125,13 @@ int main(int argc, char** argv) {
       throw tessera::ConfigError("--init-weights and --save-dir need --model-config");
     const LanguageModel model = hf_config.empty() ? LanguageModel(model_config) : LanguageModel(hf_config, init_weights, model_config.context);
     auto config = tessera::config::load_config(config_path);
+    // --zero-stage fills "auto" only; a config that fixes another stage would silently win.
+    const auto& stage_key = config.zero_optimization.stage;
+    if (app.count("--zero-stage") && !stage_key.is_auto && stage_key.value != zero_stage)
+      throw tessera::ConfigError(config_path + ": zero_optimization.stage = " + std::to_string(stage_key.value) +
+                                 " but --zero-stage " + std::to_string(zero_stage) +
+                                 ": --zero-stage only fills stage = \"auto\" (examples/train_lm/train_lm.toml has "
+                                 "it); drop one of the two");
     tessera::InitializeOptions options;
     options.facts.micro_batch_size = micro_batch;
     options.facts.hidden_size = model.hidden_size;
@@ -132,7 +145,7 @@ int main(int argc, char** argv) {
     options.facts.warmup_steps = warmup_steps;
     options.facts.mixed_precision = mixed_precision;
     options.facts.zero_stage = zero_stage;
-    options.facts.save_16bit_model = false;  // train_lm saves nothing yet
+    options.facts.save_16bit_model = false;  // --save-dir writes the model's own dtype
     options.facts.offload_optimizer_device = tessera::config::OffloadDevice::none;
     options.facts.offload_param_device = tessera::config::OffloadDevice::none;
     // GPT practice (nanoGPT, DeepSpeed-Chat): no weight decay on vectors (LayerNorm weights and
@@ -210,9 +223,14 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    if (rank == 0 && !save_dir.empty()) {
-      model.decoder->save_pretrained(save_dir);
-      std::printf("%ssaved the model to %s\n", tty ? "\n" : "", save_dir.c_str());
+    if (!save_dir.empty()) {
+      // At stage 3 the weights are partitioned: every rank gathers them (a collective) and rank 0
+      // writes them while they are; at stages 0-2 the scope does nothing.
+      auto gathered = engine->gathered_parameters();
+      if (rank == 0) {
+        model.decoder->save_pretrained(save_dir);
+        std::printf("%ssaved the model to %s\n", tty ? "\n" : "", save_dir.c_str());
+      }
     }
     if (rank == 0) {
       std::printf("%sdone: %d steps in %.1f s, skipped %lld%s%s\n", tty ? "\n" : "", steps,
