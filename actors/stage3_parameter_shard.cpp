@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "actors/actor_runtime.h"
 #include "actors/parameter_shard.h"
@@ -45,6 +46,8 @@ struct Stage3ShardState {
   int64_t gathers = 0;                 // every rank numbers its gathers alike
   std::map<int64_t, Inflight> inflight;  // by unit (kPersistent: the persistent segments)
   std::exception_ptr pending;          // a failure found while releasing, reported by the next request
+  std::set<int64_t> abandoned_units;   // their gather failed (see complete())
+  std::vector<Inflight> abandoned;
   // The record and where the current window is in it.
   std::vector<int64_t> trace;
   bool recording = true, following = false, warned = false;
@@ -97,7 +100,9 @@ struct Stage3ShardState {
                 "(zero_optimization.leaf_module), which is gathered whole");
   }
 
-  // Waits for an issued gather; a failure releases the unit.
+  // Waits for an issued gather. A unit whose gather failed is abandoned, never released: its
+  // collective may still be writing into it (the communicator keeps the tensors alive; releasing
+  // would free the memory under it), and the engine cannot go on anyway.
   void complete(int64_t unit) {
     auto it = inflight.find(unit);
     if (it == inflight.end()) return;
@@ -105,16 +110,13 @@ struct Stage3ShardState {
     inflight.erase(it);
     try {
       if (f.header_work) {
-        try {
-          f.header_work->wait();
-        } catch (...) {
-          throw;
-        }
+        f.header_work->wait();
         check(f);
       }
       for (auto& w : f.works) w->wait();
     } catch (...) {
-      if (unit >= 0) params->release(unit);
+      abandoned_units.insert(unit);
+      abandoned.push_back(std::move(f));
       throw;
     }
   }
@@ -190,6 +192,7 @@ struct Stage3ShardState {
   }
 
   void release(int64_t unit) {
+    if (abandoned_units.count(unit)) return;
     if (inflight.count(unit)) {
       try {
         complete(unit);
@@ -197,7 +200,7 @@ struct Stage3ShardState {
         if (!pending) pending = std::current_exception();
       }
     }
-    params->release(unit);
+    if (!abandoned_units.count(unit)) params->release(unit);
   }
 
   void gather_persistent() {

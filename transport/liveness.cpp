@@ -18,13 +18,15 @@ struct Running {
   std::chrono::steady_clock::time_point since;
 };
 
+// Never destroyed: a communicator's thread may still finish an operation (and erase its entry)
+// while the process exits and destroys its statics.
 std::mutex& running_mutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex;
+  return *m;
 }
 std::map<uint64_t, Running>& running() {
-  static std::map<uint64_t, Running> r;
-  return r;
+  static auto* r = new std::map<uint64_t, Running>;
+  return *r;
 }
 
 void beat_forever(int fd, std::chrono::milliseconds interval) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <optional>
 
 #include "actors/actor_runtime.h"
@@ -30,6 +31,7 @@
 #include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
 #include "core/zero/grad_ready_hooks.h"
+#include "core/zero/leaf_modules.h"
 #include "core/zero/stage3_parameters.h"
 #include "core/zero/unit_hooks.h"
 #include "transport/communicator.h"
@@ -152,10 +154,35 @@ std::pair<std::shared_ptr<transport::Communicator>, std::shared_ptr<transport::C
   return {grad, param};
 }
 
-// ZeRO-3: each trainable parameter's unit is the module that registered it. A parameter registered
-// by two modules (tied) is refused: the second module's forward would find it released.
+// ZeRO-3 leaf modules: the marked ones, the config's zero_optimization.leaf_module and DeepSpeed's
+// default classes (leaf_modules.h).
+std::set<std::string> leaf_modules(torch::nn::Module& model, const config::Config& config) {
+  const auto& leaf = config.zero_optimization.leaf_module;
+  const auto where = (config.source.empty() ? std::string() : config.source + ": ") + "zero_optimization.leaf_module.names";
+  auto modules = model.named_modules();
+  for (const auto& n : leaf.names)
+    if (!modules.contains(n)) throw ConfigError(where + ": the model has no module '" + n + "'");
+  std::set<std::string> out;
+  auto classes = leaf.classes;
+  for (const auto& c : default_z3_leaf_classes()) classes.push_back(c);
+  for (const auto& item : modules) {
+    const auto& name = item.key();
+    bool is_leaf = z3_leaf_module(*item.value()) ||
+                   std::find(leaf.names.begin(), leaf.names.end(), name) != leaf.names.end();
+    for (const auto& c : classes) is_leaf = is_leaf || z3_class_matches(c, item.value()->name());
+    for (const auto& s : leaf.name_suffixes)
+      is_leaf = is_leaf || (!s.empty() && name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0 &&
+                            (name.size() == s.size() || name[name.size() - s.size() - 1] == '.'));
+    if (is_leaf) out.insert(name);
+  }
+  return out;
+}
+
+// ZeRO-3: each trainable parameter's unit is the module that registered it, or that module's
+// outermost leaf ancestor. A parameter registered by two modules (tied) is refused: the second
+// module's forward would find it released.
 void assign_units(torch::nn::Module& model, const std::vector<std::pair<std::string, at::Tensor>>& trainable,
-                  std::vector<zero::PlannedParameter>& planned) {
+                  const std::set<std::string>& leaves, std::vector<zero::PlannedParameter>& planned) {
   std::map<const c10::TensorImpl*, std::string> owner;
   for (const auto& item : model.named_modules()) {
     for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
@@ -167,7 +194,16 @@ void assign_units(torch::nn::Module& model, const std::vector<std::pair<std::str
                     "' too (tied weights); stage 3 cannot share a parameter between units yet");
     }
   }
-  for (size_t i = 0; i < trainable.size(); ++i) planned[i].module = owner.at(trainable[i].second.unsafeGetTensorImpl());
+  auto outermost_leaf = [&](const std::string& module) {
+    if (leaves.count("")) return std::string();
+    for (size_t at = module.find('.'); ; at = module.find('.', at + 1)) {
+      const auto prefix = at == std::string::npos ? module : module.substr(0, at);
+      if (leaves.count(prefix)) return prefix;
+      if (at == std::string::npos) return module;
+    }
+  };
+  for (size_t i = 0; i < trainable.size(); ++i)
+    planned[i].module = outermost_leaf(owner.at(trainable[i].second.unsafeGetTensorImpl()));
 }
 
 // ZeRO-3: the modules of the plan's units, each of which a tessera::Unit holder must call.
@@ -250,7 +286,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
     for (int64_t i : groups[g].params)
       planned[size_t(i)] = {names[size_t(i)], trainable[size_t(i)].second.sizes().vec(), int64_t(g), bool(lower[size_t(i)])};
   const bool stage3 = settings.stage == 3;
-  if (stage3) assign_units(*model, trainable, planned);
+  if (stage3) assign_units(*model, trainable, leaf_modules(*model, resolved), planned);
   zero::ShardingPlanOptions plan_options;
   plan_options.stage = settings.stage;
   plan_options.world = size;
