@@ -60,6 +60,12 @@ struct Engine::Impl {
   std::shared_ptr<actors::BucketStaging> staging;  // partitioned gradients
   std::shared_ptr<actors::UnitGradStaging> unit_staging;  // ZeRO-3
   std::shared_ptr<actors::Stage3Driver> stage3;           // ZeRO-3: the units' listener
+  bool inference = false;  // ZeRO inference: no optimizer, no reducer, no hooks; forwards only
+  void refuse_in_inference(const char* what) const {
+    if (inference)
+      throw Error(std::string(what) + ": this is a ZeRO inference engine (initialize without an optimizer): it runs "
+                  "forwards only; give the config an `optimizer` section to train");
+  }
   std::unique_ptr<zero::GradReadyHooks> hooks;
   std::unique_ptr<actors::MicroSteps> micro;
   std::vector<double> last_lrs;  // of the last update
@@ -75,7 +81,7 @@ struct Engine::Impl {
   // The hyperparameters of the next update, per parameter group.
   std::vector<optim::StepHyperparameters> hyperparameters() const {
     std::vector<optim::StepHyperparameters> out;
-    for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t g = 0; g < schedules.size(); ++g) {  // (none in ZeRO inference)
       const auto& o = groups[g].options;
       optim::StepHyperparameters hp{o.lr, o.beta1, o.beta2};
       const auto v = schedules[g].at(last_batch_iteration());
@@ -247,15 +253,30 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   facts.world_size = size;
   auto resolved = config::resolve_for_engine(config, facts);
   auto settings = actors::engine_settings(resolved);
-  std::vector<std::pair<std::string, at::Tensor>> trainable;
+  // ZeRO inference (DeepSpeed's, as Accelerate's prepare(model) gives it): no optimizer and no
+  // client optimizer: stage 3 partitions every parameter and the engine only runs forwards.
+  const bool inference = !settings.optimizer && !options.optimizer && options.param_groups.empty();
+  if (inference && settings.stage != 3)
+    throw ConfigError("optimizer: the engine needs an `optimizer` section (type and params) or a client optimizer; "
+                      "without one it is a ZeRO inference engine, which needs zero_optimization.stage = 3 (it is " +
+                      std::to_string(settings.stage) + ")");
+  if (inference && settings.has_scheduler)
+    throw ConfigError("scheduler: a ZeRO inference engine (no optimizer) has no learning rate to schedule");
+  std::vector<std::pair<std::string, at::Tensor>> trainable;  // inference: every parameter
   for (auto& item : model->named_parameters())
-    if (item.value().requires_grad()) trainable.emplace_back(item.key(), item.value());
-  if (trainable.empty()) throw Error("initialize: the model has no parameter that requires grad");
+    if (inference || item.value().requires_grad()) trainable.emplace_back(item.key(), item.value());
+  if (trainable.empty())
+    throw Error(inference ? "initialize: the model has no parameters" : "initialize: the model has no parameter that requires grad");
   const at::ScalarType dtype = settings.precision == actors::Precision::bf16   ? at::kBFloat16
                                : settings.precision == actors::Precision::fp16 ? at::kHalf
                                                                                : at::kFloat;
   const auto device = trainable.front().second.device();
   for (const auto& [name, p] : trainable) {
+    // A parameter a ZeRO-3 engine released has its shape but no memory (and would crash a copy).
+    if (p.numel() > 0 && (!p.has_storage() || p.storage().data() == nullptr))
+      throw Error("initialize: parameter '" + name + "' has no memory: a ZeRO-3 engine released it (is the model still "
+                  "held by another engine, or was its engine destroyed?). Build the model anew, or read it inside the "
+                  "other engine's gathered_parameters()");
     if (p.scalar_type() != at::kFloat && p.scalar_type() != dtype)
       throw Error("initialize: parameter '" + name + "' is " + std::string(c10::toString(p.scalar_type())) +
                   "; the engine takes fp32 (or " + c10::toString(dtype) + ") parameters and converts them");
@@ -263,10 +284,16 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       throw Error("initialize: parameter '" + name + "' is on " + p.device().str() + " but '" + trainable.front().first +
                   "' on " + device.str() + "; the engine takes the parameters of one CPU or CUDA device");
   }
-  auto groups = actors::resolve_groups(trainable, options.param_groups, options.optimizer.get(), settings.optimizer);
+  std::vector<actors::ResolvedGroup> groups;
+  if (inference) {
+    groups.resize(1);
+    for (size_t i = 0; i < trainable.size(); ++i) groups[0].params.push_back(int64_t(i));
+  } else {
+    groups = actors::resolve_groups(trainable, options.param_groups, options.optimizer.get(), settings.optimizer);
+  }
   std::vector<optim::LrSchedule> schedules;
   std::vector<std::shared_ptr<optim::OptimizerKernel>> group_kernels;
-  for (size_t g = 0; g < groups.size(); ++g) {
+  for (size_t g = 0; g < groups.size() && !inference; ++g) {
     groups[g].options.bf16_states = settings.bf16_optimizer_states;
     if (groups[g].client_step)
       group_kernels.push_back(std::make_shared<actors::ClientStepKernel>(options.optimizer, g, groups[g].options));
@@ -295,7 +322,13 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   plan_options.persistence_threshold = settings.persistence_threshold;
   auto plan = std::make_shared<const zero::ShardingPlan>(planned, plan_options);
   std::vector<const torch::nn::Module*> units;
-  if (stage3) units = unit_modules(*model, *plan);
+  if (stage3) {
+    units = unit_modules(*model, *plan);
+    for (size_t u = 0; u < units.size(); ++u)
+      if (zero::is_unit(units[u]))
+        throw Error("initialize: ZeRO-3: module '" + plan->units()[u].module +
+                    "' is a unit of another live engine; each module can belong to one engine");
+  }
 
   // 2. The data-parallel communicators.
   auto [grad_comm, param_comm] =
@@ -325,7 +358,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
     stage3_parameters = std::make_unique<zero::Stage3Parameters>(*plan, rank, parameters, dtype);
     for (size_t g = 0; g < plan->groups().size(); ++g) {
       partitions.push_back(stage3_parameters->partition(int64_t(g)));
-      kernels.push_back(group_kernels[size_t(plan->groups()[g].param_group)]);
+      if (!inference) kernels.push_back(group_kernels[size_t(plan->groups()[g].param_group)]);
     }
   }
   for (const auto& group : plan->groups()) {
@@ -349,8 +382,9 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   impl->micro = std::make_unique<actors::MicroSteps>(settings.gradient_accumulation_steps,
                                                      plan->partitioned_gradients() || stage3, size > 1 || stage3);
   if (plan->partitioned_gradients()) impl->staging = std::make_shared<actors::BucketStaging>(spec, parameters);
-  if (stage3) impl->unit_staging = std::make_shared<actors::UnitGradStaging>(spec, parameters);
-  impl->reducer = actors::spawn_gradient_reducer(spec, parameters, flat, impl->staging, grad_comm);
+  impl->inference = inference;
+  if (stage3 && !inference) impl->unit_staging = std::make_shared<actors::UnitGradStaging>(spec, parameters);
+  if (!inference) impl->reducer = actors::spawn_gradient_reducer(spec, parameters, flat, impl->staging, grad_comm);
   if (impl->unit_staging) impl->unit_staging->connect(impl->reducer);
   if (!plan->partitioned_gradients() && !stage3)
     for (const auto& p : parameters) impl->grad_views.emplace_back(p, p.grad().data_ptr());
@@ -360,10 +394,11 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
     impl->stage3 = std::make_shared<actors::Stage3Driver>(spec, impl->parameter_shard, impl->unit_staging, impl->bound());
     zero::register_units(impl->stage3, units);
   }
-  impl->optimizer_shard =
-      actors::spawn_optimizer_shard(spec, std::move(kernels), partitions, impl->reducer, impl->parameter_shard);
+  if (!inference)
+    impl->optimizer_shard =
+        actors::spawn_optimizer_shard(spec, std::move(kernels), partitions, impl->reducer, impl->parameter_shard);
   auto* raw = impl.get();
-  impl->hooks = std::make_unique<zero::GradReadyHooks>(
+  if (!inference) impl->hooks = std::make_unique<zero::GradReadyHooks>(
       parameters,
       [raw](int64_t i) {
         bool reduces = false;
@@ -406,6 +441,7 @@ void Engine::backward(const at::Tensor& loss) {
 
 at::Tensor Engine::scale(const at::Tensor& loss) {
   auto& s = *impl_;
+  s.refuse_in_inference("backward");
   if (!s.gradients_attached())
     throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
   if (s.micro->arm_backward()) s.start_reduction();
@@ -418,6 +454,10 @@ at::Tensor Engine::scale(const at::Tensor& loss) {
 
 void Engine::step() {
   auto& s = *impl_;
+  s.refuse_in_inference("step");
+  if (s.stage3 && s.stage3->pinned())
+    throw Error("step: called inside gathered_parameters(); end the scope first (the gathered copies would not see "
+                "the update)");
   if (!s.micro->begin_step(s.scaler.has_value())) return;
   if (s.stage3) s.stage3->release_all();  // a unit kept gathered would not see the update
   actors::StepRequest request;
@@ -445,6 +485,7 @@ void Engine::step() {
 
 void Engine::zero_grad() {
   auto& s = *impl_;
+  s.refuse_in_inference("zero_grad");
   // The reducer finishes what it issued first (reductions may still be writing the gradients).
   actors::checked(actors::ask<actors::Done>(s.reducer, s.bound(), "zero_grad: the gradient-reducer", actors::zero_atom::value));
   s.micro->zero_grad();
@@ -563,6 +604,7 @@ EngineMemory Engine::memory() const {
                                                                     actors::buffers_atom::value));
   for (const auto& b : buffers.tensors) m.parameters += int64_t(b.numel() * b.element_size());
   m.parameters += buffers.gathered_bytes;
+  if (s.inference) return m;
   m.gradients = actors::ask<int64_t>(s.reducer, s.bound(), "memory: the gradient-reducer", actors::memory_atom::value);
   const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
                                                                            "memory: the optimizer-shard", actors::states_atom::value));
@@ -588,6 +630,7 @@ EngineStorage Engine::storage_maps() const {
   auto& s = *impl_;
   const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "storage_maps: the parameter-shard",
                                                                     actors::buffers_atom::value));
+  if (s.inference) return actors::describe_storage(*s.spec, buffers, actors::OptimizerStates{});  // weights only
   const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
                                                                            "storage_maps: the optimizer-shard", actors::states_atom::value));
   return actors::describe_storage(*s.spec, buffers, states);

@@ -34,9 +34,16 @@
 // torch_autocast runs forward() under CPU autocast in bf16 (fp32 weights) and reduces the
 // gradients of lower_precision_safe_modules in bf16 (actors/autocast.h).
 // Parameter groups (param_group.h) or a client torch::optim optimizer give per-group settings.
-// Not yet (each refused with a clear error at initialize): ZeRO-3, offload, tensor
-// parallelism. Cross-rank contract: every rank calls backward/step the
-// same number of times, with the same accumulation boundaries.
+// ZeRO-3 (stage 3): every module that owns parameters is a unit (core/zero/unit_layout.h), held
+// by a tessera::Unit holder (core/zero/unit_holder.h), gathered around its forward and for its
+// backward, prefetched along the order recorded in the first update window, released at storage
+// level; gradients are reduce-scattered unit by unit (actors/unit_grad_staging.h). Leaf modules
+// (core/zero/leaf_modules.h) are gathered whole. Between steps a parameter has no memory: read
+// parameters inside gathered_parameters(). Without an optimizer, initialize at stage 3 builds a
+// ZeRO inference engine (forwards only; no prefetch yet).
+// Not yet (each refused with a clear error at initialize): offload, tensor parallelism.
+// Cross-rank contract: every rank calls backward/step the same number of times, with the same
+// accumulation boundaries, and at ZeRO-3 runs the same modules in the same order.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -253,7 +260,9 @@ struct Initialized {
   std::shared_ptr<EngineScheduler> lr_scheduler;  // nullptr without a scheduler section
 };
 
-// Builds an engine for `model` on every rank (collective over the data-parallel group).
+// Builds an engine for `model` on every rank (collective over the data-parallel group). With no
+// optimizer (no `optimizer` section, no client optimizer, no param_groups) at stage 3: a ZeRO
+// inference engine over every parameter; backward(), step() and zero_grad() raise.
 // Validates everything first: a bad or unsupported setting is a ConfigError naming the key and
 // nothing about the model has changed.
 Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::Config& config,

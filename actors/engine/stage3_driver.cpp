@@ -28,6 +28,13 @@ void Stage3Driver::release(int64_t unit) {
   caf::anon_send(shard_, release_atom::value, unit);
 }
 
+bool Stage3Driver::pinned() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int p : pins_)
+    if (p > 0) return true;
+  return false;
+}
+
 void Stage3Driver::pin(const std::vector<int64_t>& units) {
   for (int64_t u : units) {
     {
@@ -46,6 +53,10 @@ void Stage3Driver::unpin(const std::vector<int64_t>& units) {
     }
     release(u);
   }
+  // A scope's end is synchronous: the caller may hand the model to code that checks or copies its
+  // parameters next, which must not race with the shard freeing them. (Messages from one thread
+  // are handled in order, so this round trip comes after the releases.)
+  (void)ask<Buffers>(shard_, bound_, "ZeRO-3: the parameter-shard (ending a gathered-parameters scope)", buffers_atom::value);
 }
 
 void Stage3Driver::fetch(int64_t unit) {

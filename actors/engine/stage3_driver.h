@@ -10,7 +10,8 @@
 //                                      the unit is released
 //   backward_ended                     releases every unit still gathered
 //   pin / unpin                        a gathered-parameters scope: fetched now, released by
-//                                      nobody until the last unpin
+//                                      nobody until the last unpin, which waits for the release
+// (The other releases are messages the caller does not wait for.)
 // Everything runs on the user's thread or on autograd's (the same thread on CPU), one call at a
 // time; the driver keeps only counters, and the parameter-shard owns the storage.
 #pragma once
@@ -42,6 +43,7 @@ class Stage3Driver final : public zero::UnitListener {
   void pin(const std::vector<int64_t>& units);    // in ascending order: a collective, same on every rank
   void unpin(const std::vector<int64_t>& units);
   double fetch_wait_s() const { return wait_s_; }
+  bool pinned();  // some gathered-parameters scope is open
 
  private:
   void fetch(int64_t unit);

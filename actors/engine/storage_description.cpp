@@ -27,6 +27,7 @@ EngineStorage describe_storage(const EngineSpec& spec, const Buffers& parameters
     const auto& weights = parameters.tensors.at(g);
     for (auto& m : plan.weight_maps(int64_t(g), affine_dtype(spec.dtype))) out.maps.push_back({"param", key("param"), std::move(m)});
     out.buffers[key("param")] = weights;
+    if (g >= optimizer.masters.size()) continue;  // ZeRO inference: no optimizer, weights only
     // Master: a separate fp32 partition, or (no fp32 master) the weights' own partition.
     const auto& master = optimizer.masters.at(g);
     // (At ZeRO-3 the partition opens the weight buffer.)

@@ -52,6 +52,13 @@ void unregister_units(const UnitListener* listener) {
   r.units = int64_t(r.units_of.size());
 }
 
+bool is_unit(const torch::nn::Module* module) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.units_of.find(module);
+  return it != r.units_of.end() && !it->second.first.expired();
+}
+
 bool is_held(const torch::nn::Module* module) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -42,6 +42,8 @@ class UnitListener {
 void register_units(const std::shared_ptr<UnitListener>& listener, const std::vector<const torch::nn::Module*>& modules);
 // Forgets every module of `listener`.
 void unregister_units(const UnitListener* listener);
+// Whether `module` is a unit of a live listener.
+bool is_unit(const torch::nn::Module* module);
 
 // Whether some unit holder holds `module` (and it is still alive).
 bool is_held(const torch::nn::Module* module);

@@ -9,8 +9,8 @@
 // pieces, every parameter of the segment is a contiguous run of the gathered buffer. A unit's
 // gathered buffer holds its segments one after the other (one allocation per unit).
 //
-// Persistent parameters (numel <= persistence threshold, or forced: biases, norms, tied weights)
-// are never released: per flat group they form one persistent segment, laid out like a unit
+// Persistent parameters (numel <= persistence threshold, e.g. biases and norms, or forced by the
+// plan's caller; the engine refuses tied weights at stage 3 instead) are never released: per flat group they form one persistent segment, laid out like a unit
 // segment, whose gathered copy stays on every rank. As DeepSpeed does (ds_persist parameters keep
 // their ds_tensor partition; fp32 partitions and optimizer states are cut like every other
 // parameter's), they are still partitioned for the optimizer: their gradients reduce-scatter into
