@@ -230,14 +230,26 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
     engine->step();
   }
   engine->set_lr(a.lr);
-  // The reference for the KL term: the policy after the warm-up, frozen.
+  // The reference for the KL term: the policy after the warm-up, frozen. At stage 3 it is a second
+  // engine, a ZeRO inference engine (no optimizer): partitioned like the policy, gathered per unit.
   std::unique_ptr<tessera::nn::DecoderLm> reference;
+  std::shared_ptr<tessera::Engine> reference_engine;
   if (a.kl_beta > 0) {
     reference = std::make_unique<tessera::nn::DecoderLm>(config, mo);
-    torch::NoGradGuard no_grad;
-    auto gathered = engine->gathered_parameters();  // stage 3: the policy's units are released between steps
-    auto ref_params = reference->module()->named_parameters();
-    for (const auto& item : policy.module()->named_parameters()) ref_params[item.key()].copy_(item.value());
+    {
+      torch::NoGradGuard no_grad;
+      auto gathered = engine->gathered_parameters();  // stage 3: the policy's units are released between steps
+      auto ref_params = reference->module()->named_parameters();
+      for (const auto& item : policy.module()->named_parameters()) ref_params[item.key()].copy_(item.value());
+    }
+    if (a.zero_stage == 3) {
+      const std::string ref_toml = "train_micro_batch_size_per_gpu = " + std::to_string(sequences / world) +
+                                   "\n[zero_optimization]\nstage = 3\nstage3_param_persistence_threshold = " +
+                                   std::to_string(10 * config.hidden_size) + "\n";
+      reference_engine = tessera::initialize(reference->module(), tessera::config::load_config_text(
+                                                                       ref_toml, tessera::config::Format::toml, "grpo reference"))
+                             .engine;
+    }
   }
   tessera::WeightSender sender(*engine, config, sync_options(a, env, true));
   auto first = sender.sync();

@@ -3,7 +3,9 @@
 the last steps is clearly above that of the first (the loop learns). Nothing about speed.
 With a ZeRO stage after the port, the training job runs at that stage and a second run at stage 2
 (port + 1) is the oracle: training is exact at every stage and sampling is seeded, so every step's
-reward, loss and sequence log-probability must equal stage 2's as printed.
+reward, KL, loss and sequence log-probability must equal stage 2's as printed. Both runs then
+have a KL term (--kl-beta 0.05): at stage 3 its reference is a ZeRO inference engine, at stage 2
+a plain module.
 Usage: grpo_reward_rises.py BUILD_DIR PORT [STAGE]"""
 import os
 import subprocess
@@ -15,8 +17,9 @@ stage = int(sys.argv[3]) if len(sys.argv) > 3 else None
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run(out, port, stage):
+def run(out, port, stage, kl=False):
     extra = ["--steps", "40", "--seed", "3"] + (["--zero-stage", str(stage)] if stage is not None else [])
+    extra += ["--kl-beta", "0.05"] if kl else []
     r = subprocess.run([sys.executable, os.path.join(root, "examples", "grpo", "run_grpo.py"), "--build", build,
                         "--port", str(port), "--out", out, "--"] + extra, timeout=600)
     if r.returncode != 0:
@@ -29,7 +32,7 @@ def run(out, port, stage):
 
 
 with tempfile.TemporaryDirectory() as out:
-    curve = run(out, port, stage)
+    curve = run(out, port, stage, kl=stage is not None)
     rewards = [float(x) for x in curve["reward"]]
     mismatch = max(float(x) for x in curve["logprob_mismatch"])
     first, last = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
@@ -41,9 +44,9 @@ with tempfile.TemporaryDirectory() as out:
         sys.exit("grpo_reward_rises: the rollout's log-probs differ from the policy's")
     if stage is not None:
         with tempfile.TemporaryDirectory() as out2:
-            oracle = run(out2, port + 1, None)
-        for column in ("reward", "loss", "neg_logprob"):
+            oracle = run(out2, port + 1, None, kl=True)
+        for column in ("reward", "kl", "loss", "neg_logprob"):
             for step, (a, b) in enumerate(zip(curve[column], oracle[column])):
                 if a != b:
                     sys.exit(f"grpo_reward_rises: step {step + 1} {column} {a} at stage {stage}, {b} at stage 2")
-        print(f"grpo_reward_rises: every step's reward, loss and log-probability equal stage 2's")
+        print(f"grpo_reward_rises: every step's reward, KL, loss and log-probability equal stage 2's")
