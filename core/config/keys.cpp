@@ -21,7 +21,7 @@ const KeyRule kRules[] = {
     {"", "zero_allow_untested_optimizer", I, "", "tessera runs only the optimizers it knows"},
     {"", "zero_force_ds_cpu_optimizer", I, "", "tessera chooses the CPU optimizer itself"},
     {"", "flops_profiler", I, "", "profiling"},
-    {"", "activation_checkpointing", I, "", "applies only to models using deepspeed.checkpointing"},
+    {"", "activation_checkpointing", I, "", "applies only to models calling a checkpoint function (tessera::nn::checkpoint in C++)"},
     {"", "aio", I, "", "tessera tunes its own asynchronous I/O"},
     {"", "comms_logger", I, "", "logging"},
     {"", "comms_config", I, "", "communication logging and tuning"},

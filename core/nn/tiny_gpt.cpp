@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/nn/activation_checkpoint.h"
 #include "core/zero/unit_holder.h"
 
 namespace tessera::nn {
@@ -123,7 +124,10 @@ at::Tensor TinyGpt::forward(const at::Tensor& tokens) const {
     throw Error("TinyGpt::forward: tokens must be [B, T] with T <= context " + std::to_string(config_.context));
   auto positions = torch::arange(tokens.size(1), torch::kLong);
   auto x = m.wte(tokens) + m.wpe(positions);
-  for (const auto& block : *m.h) x = block->as<BlockImpl>()->forward(x);
+  for (const auto& block : *m.h) {
+    auto* b = block->as<BlockImpl>();
+    x = config_.checkpoint_blocks ? checkpoint(*b, [b](const at::Tensor& h) { return b->forward(h); }, x) : b->forward(x);
+  }
   return m.lm_head(m.ln_f(x));
 }
 

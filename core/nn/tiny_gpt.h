@@ -30,6 +30,9 @@ struct GptConfig {
   // key bias has a mathematically zero gradient (softmax ignores a shift shared by all keys), so
   // Adam turns its rounding noise into full-size updates that differ with summation order.
   bool bias = false;
+  // Activation checkpointing of every block (activation_checkpoint.h): its activations are
+  // recomputed in backward instead of kept. Same results, bitwise.
+  bool checkpoint_blocks = false;
   uint64_t seed = 1234;      // parameter initialisation
 };
 
