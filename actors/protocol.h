@@ -22,12 +22,20 @@
 //   <- partitions -> Buffers     this rank's partitions, lent to the optimizer until `gather`
 //   <- gather -> Done            all-gather the updated partitions into every rank's buffers
 //   <- buffers -> Buffers        the whole flat buffers (storage maps, memory; between steps)
-//   <- fetch(u) -> Done          ZeRO-3: gather unit u (all-gather of its segments) if released;
-//                                after the reply, gather the next recorded units ahead
+//   <- fetch(u, ordered) -> Done ZeRO-3: gather unit u (all-gather of its segments) if released;
+//                                an `ordered` fetch (a forward's or a backward's) is part of the
+//                                module order: recorded, followed, and followed by prefetch
 //   <- release(u)                ZeRO-3: free unit u's storage (u = -1: every unit)
+//   <- writeback(units, persistent, root) -> Done  ZeRO-3: broadcast the gathered units (and with
+//                                `persistent` the persistent segments) from rank `root`, then copy
+//                                this rank's pieces into the partitions (a gathered-parameters
+//                                scope with a modifier rank); root -1: only gather the persistent
+//                                segments again from the partitions (a scope without one)
 // optimizer-shard (owns masters and optimizer states through its state store)
 //   <- step(StepRequest) -> StepReport   finish -> partitions -> update -> gather + zero
 //   <- states -> OptimizerStates         masters and states (storage maps, memory; between steps)
+//   <- refresh(ranges) -> Done           the fp32 masters := the parameters' partitions over
+//                                        (group, begin, length) triples (after a write-back)
 // rollout-sink (owns the weight sync's link: UCX registration of the rollout's weights, the plans)
 //   <- sync -> SyncReport        one sync (in place: the live weights; double-buffered: the standby)
 //   <- listen                    receive syncs one after another (it sends itself `listen` again)
@@ -68,6 +76,8 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;
 using segments_atom = caf::atom_constant<caf::atom("segments")>;
+using writeback_atom = caf::atom_constant<caf::atom("writeback")>;
+using refresh_atom = caf::atom_constant<caf::atom("refresh")>;
 
 // A reply that carries only success or the error.
 struct Done {
@@ -158,14 +168,16 @@ using gradient_reducer_actor = caf::typed_actor<
 
 using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
-                     caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, int64_t>::with<Done>,
-                     caf::reacts_to<release_atom, int64_t>>;
+                     caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, int64_t, bool>::with<Done>,
+                     caf::reacts_to<release_atom, int64_t>,
+                     caf::replies_to<writeback_atom, std::vector<int64_t>, bool, int>::with<Done>>;
 
 using rollout_sink_actor = caf::typed_actor<caf::replies_to<sync_atom>::with<SyncReport>, caf::reacts_to<listen_atom>,
                                             caf::replies_to<stop_atom>::with<Done>>;
 
 using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<StepReport>,
-                                               caf::replies_to<states_atom>::with<OptimizerStates>>;
+                                               caf::replies_to<states_atom>::with<OptimizerStates>,
+                                               caf::replies_to<refresh_atom, std::vector<int64_t>>::with<Done>>;
 
 }  // namespace tessera::actors
 

@@ -10,8 +10,9 @@
 //
 // Prefetch: the fetches of the first update window (from the first fetch to the first update's
 // gather) are recorded. In later windows, after each fetch that follows the record, the next
-// recorded units are gathered ahead (issued, not waited for) while their elements stay within
-// stage3_prefetch_bucket_size and everything gathered within stage3_max_live_parameters. A fetch
+// recorded units are gathered ahead (issued, not waited for): the next one whatever its size, more
+// while their elements stay within stage3_prefetch_bucket_size, and everything gathered within
+// stage3_max_live_parameters. Fetches of gathered-parameters scopes are outside the order. A fetch
 // that leaves the record stops prefetching for the rest of that window (said once). Prefetch
 // decisions depend only on the record and on the messages' order, which the user's thread fixes,
 // so every rank issues the same gathers.
@@ -30,6 +31,7 @@ namespace tessera::actors {
 namespace {
 
 constexpr int64_t kPersistent = -2;  // the header's unit for the persistent segments' gather
+constexpr int64_t kWriteback = -3;   // the header's unit for a write-back's broadcasts
 
 struct Inflight {
   int64_t number = 0;                // gather number
@@ -59,6 +61,7 @@ struct Stage3ShardState {
   int64_t numel(int64_t unit) const { return plan().units()[size_t(unit)].gathered_numel; }
   std::string unit_name(int64_t unit) const {
     if (unit == kPersistent) return "(the persistent parameters)";
+    if (unit == kWriteback) return "(a gathered-parameters write-back)";
     if (unit < 0 || size_t(unit) >= plan().units().size()) return "#" + std::to_string(unit);
     const auto& m = plan().units()[size_t(unit)].module;
     return "'" + (m.empty() ? std::string("(root)") : m) + "'";
@@ -137,12 +140,14 @@ struct Stage3ShardState {
     if (pending) std::rethrow_exception(std::exchange(pending, nullptr));
   }
 
-  void fetch(int64_t unit) {
+  void fetch(int64_t unit, bool ordered) {
     rethrow_pending();
     if (unit < 0 || size_t(unit) >= plan().units().size())
       throw Error("ZeRO-3: fetch of unit " + std::to_string(unit) + " of " + std::to_string(plan().units().size()));
     ++counters.fetches;
-    if (recording) {
+    if (!ordered) {
+      // A gathered-parameters scope: outside the module order.
+    } else if (recording) {
       trace.push_back(unit);
     } else if (following) {
       if (position < trace.size() && trace[position] == unit) {
@@ -179,7 +184,8 @@ struct Stage3ShardState {
     for (size_t k = position; k < trace.size(); ++k) {
       const int64_t u = trace[k];
       if (params->gathered(u)) continue;  // gathered or in flight
-      if (ahead + numel(u) > spec->prefetch_elements || live + numel(u) > spec->max_live_elements) break;
+      // At least one unit ahead whatever its size (as DeepSpeed), then within the bucket.
+      if ((ahead > 0 && ahead + numel(u) > spec->prefetch_elements) || live + numel(u) > spec->max_live_elements) break;
       try {
         start(u);
       } catch (...) {
@@ -203,8 +209,60 @@ struct Stage3ShardState {
     if (!abandoned_units.count(unit)) params->release(unit);
   }
 
+  // A modifier rank's changes to gathered units (and to the persistent copies) become everybody's:
+  // broadcast from `root`, then each rank's pieces go back into its partitions.
+  void writeback(const std::vector<int64_t>& units, bool persistent_too, int root) {
+    rethrow_pending();
+    std::vector<std::pair<int64_t, at::Tensor>> buffers;  // (unit or kPersistent group marker, buffer)
+    for (int64_t u : units) {
+      if (u < 0 || size_t(u) >= plan().units().size() || !params->gathered(u) || inflight.count(u))
+        throw Error("ZeRO-3: write-back of unit " + unit_name(u) + ", which is not gathered");
+      buffers.emplace_back(u, params->alias(u));
+    }
+    for (size_t g = 0; g < plan().groups().size() && persistent_too; ++g) {
+      auto persistent = params->persistent_segment(int64_t(g));
+      if (persistent.defined()) buffers.emplace_back(kPersistent, persistent);
+    }
+    if (root < 0) {  // no modifier: the persistent copies again as the partitions hold them
+      if (persistent_too) gather_persistent_segments();
+      return;
+    }
+    if (comm) {
+      Inflight f = issue(kWriteback, {});  // the header only: every rank is at a write-back
+      f.header_work->wait();
+      check(f);
+      std::vector<std::shared_ptr<transport::Work>> works;
+      for (auto& [u, buffer] : buffers) works.push_back(comm->broadcast(buffer, root));
+      for (auto& w : works) w->wait();
+    }
+    for (int64_t u : units)
+      for (int64_t index : plan().units()[size_t(u)].segments) {
+        const auto& s = plan().segments()[size_t(index)];
+        params->piece(index).copy_(
+            params->alias(u).narrow(0, s.gathered_offset + s.layout.partition_begin(spec->rank), s.layout.partition_numel));
+      }
+    for (size_t g = 0; g < plan().groups().size() && persistent_too; ++g) {
+      auto persistent = params->persistent_segment(int64_t(g));
+      if (!persistent.defined()) continue;
+      for (int64_t index : plan().groups()[g].segments) {
+        const auto& s = plan().segments()[size_t(index)];
+        if (s.persistent())
+          params->piece(index).copy_(persistent.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel));
+      }
+    }
+  }
+
   void gather_persistent() {
     rethrow_pending();
+    gather_persistent_segments();
+    // An update ends a window: the first one's fetches are the record; the next window follows it.
+    ++windows;
+    if (recording && !trace.empty()) recording = false;
+    following = !recording && spec->prefetch_elements > 0;
+    position = 0;
+  }
+
+  void gather_persistent_segments() {
     std::vector<std::pair<int64_t, at::Tensor>> targets;
     for (size_t g = 0; g < plan().groups().size(); ++g) {
       auto persistent = params->persistent_segment(int64_t(g));
@@ -214,11 +272,6 @@ struct Stage3ShardState {
     }
     inflight.emplace(kPersistent, issue(kPersistent, targets));
     complete(kPersistent);
-    // An update ends a window: the first one's fetches are the record; the next window follows it.
-    ++windows;
-    if (recording && !trace.empty()) recording = false;
-    following = !recording && spec->prefetch_elements > 0;
-    position = 0;
   }
 };
 
@@ -249,18 +302,27 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
         out.stage3 = st.counters;
         return out;
       },
-      [=](fetch_atom, int64_t unit) -> caf::typed_response_promise<Done> {
+      [=](fetch_atom, int64_t unit, bool ordered) -> caf::typed_response_promise<Done> {
         auto& st = self->state;
         auto promise = self->make_response_promise<Done>();
         Done done;
         try {
-          st.fetch(unit);
+          st.fetch(unit, ordered);
         } catch (...) {
           done.error = std::current_exception();
         }
         promise.deliver(done);  // the user's thread goes on while the next units are issued
-        if (!done.error) st.prefetch();
+        if (!done.error && ordered) st.prefetch();
         return promise;
+      },
+      [=](writeback_atom, const std::vector<int64_t>& units, bool persistent, int root) -> Done {
+        Done done;
+        try {
+          self->state.writeback(units, persistent, root);
+        } catch (...) {
+          done.error = std::current_exception();
+        }
+        return done;
       },
       [=](release_atom, int64_t unit) {
         auto& st = self->state;

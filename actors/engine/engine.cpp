@@ -421,8 +421,12 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
         raw->micro->end_backward();
       });
   for (const auto& hp : impl->hyperparameters()) impl->last_lrs.push_back(hp.lr);
-  if (rank == 0)
+  if (rank == 0) {
     for (const auto& warning : resolved.warnings) std::fprintf(stderr, "[tessera] config: %s\n", warning.c_str());
+    if (stage3 && resolved.zero_optimization.stage3_max_reuse_distance != config::ZeroConfig{}.stage3_max_reuse_distance)
+      std::fprintf(stderr, "[tessera] config: zero_optimization.stage3_max_reuse_distance has no effect yet: a unit is "
+                           "released after each use and gathered again (prefetched) for the next\n");
+  }
   Initialized out;
   out.engine = std::make_shared<Engine>(std::move(impl));
   out.optimizer = std::make_shared<EngineOptimizer>(out.engine);
@@ -527,11 +531,19 @@ void Engine::for_each_gathered_parameter(const std::function<void(const std::str
     if (plan.persistent(int64_t(i))) f(s.names[i], params[s.names[i]].detach());
 }
 
-Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names) const {
+void Engine::empty_partition_cache() {
+  if (impl_->stage3) impl_->stage3->release_all();
+}
+
+Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names, int modifier_rank) const {
   auto* s = impl_.get();
+  if (modifier_rank >= s->spec->world || modifier_rank < -1)
+    throw Error("gathered_parameters: modifier rank " + std::to_string(modifier_rank) + " outside [0, " +
+                std::to_string(s->spec->world) + ")");
   if (!s->stage3) return Scope([] {});
   const auto& plan = *s->spec->plan;
   std::vector<int64_t> units;
+  bool persistent = names.empty();  // a persistent parameter was named (every one with no names)
   if (names.empty()) {
     for (size_t u = 0; u < plan.units().size(); ++u) units.push_back(int64_t(u));
   } else {
@@ -543,12 +555,40 @@ Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names)
       (void)index;
       const int64_t unit = plan.segments().at(size_t(segment)).unit;
       if (unit >= 0) wanted[size_t(unit)] = 1;  // a persistent parameter is always gathered
+      else persistent = true;
     }
     for (size_t u = 0; u < wanted.size(); ++u)
       if (wanted[u]) units.push_back(int64_t(u));
   }
   s->stage3->pin(units);
-  return Scope([s, units] { s->stage3->unpin(units); });
+  // The partition ranges the write-back changes: the units' pieces (and the persistent ones).
+  std::vector<int64_t> ranges;
+  for (const auto& seg : plan.segments())
+    if ((seg.unit >= 0 && std::find(units.begin(), units.end(), seg.unit) != units.end()) || (seg.persistent() && persistent))
+      ranges.insert(ranges.end(), {seg.group, seg.partition_offset, seg.layout.partition_numel});
+  return Scope([s, units, persistent, modifier_rank, ranges] {
+    // A destructor cannot throw: a failed write-back is reported and the engine left as it is.
+    // Without a modifier rank nothing is written back, and the persistent copies (always
+    // gathered, so changed in place) are gathered again from the partitions.
+    try {
+      if (modifier_rank < 0) {
+        if (persistent)
+          actors::checked(actors::ask<actors::Done>(s->parameter_shard, s->bound(), "gathered_parameters: the parameter-shard",
+                                                    actors::writeback_atom::value, std::vector<int64_t>{}, true, -1));
+        s->stage3->unpin(units);
+        return;
+      }
+      actors::checked(actors::ask<actors::Done>(s->parameter_shard, s->bound(), "gathered_parameters: the parameter-shard",
+                                                actors::writeback_atom::value, units, persistent, modifier_rank));
+      if (s->optimizer_shard)
+        actors::checked(actors::ask<actors::Done>(s->optimizer_shard, s->bound(), "gathered_parameters: the optimizer-shard",
+                                                  actors::refresh_atom::value, ranges));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[tessera] gathered_parameters: writing back the changes of rank %d failed: %s\n",
+                   modifier_rank, e.what());
+    }
+    s->stage3->unpin(units);
+  });
 }
 
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->micro->boundary(); }

@@ -177,10 +177,16 @@ class Engine {
   // until the Scope ends (collective: every rank calls it with the same names, in the same order);
   // forwards inside release nothing the scope holds. Read a stage-3 model's parameters (a
   // snapshot, a state dict, a print) only inside one: a released parameter keeps its shape but
-  // has no memory, and most LibTorch kernels crash on it instead of raising. Changes made inside
-  // are not written back to the partitions (a modifier rank is not supported yet). Stages 0-2:
-  // nothing to do.
-  [[nodiscard]] Scope gathered_parameters(const std::vector<std::string>& names = {}) const;
+  // has no memory, and most LibTorch kernels crash on it instead of raising. With a
+  // `modifier_rank` (DeepSpeed's GatheredParameters), that rank's changes to the gathered units
+  // and to the persistent parameters are broadcast when the scope ends and written into every
+  // rank's partitions (and fp32 masters); without one, changes are lost at the scope's end (the
+  // persistent parameters named, or all with no names, are gathered again from the partitions).
+  // Stages 0-2: nothing to do (every rank holds every parameter; keep them equal yourself).
+  [[nodiscard]] Scope gathered_parameters(const std::vector<std::string>& names = {}, int modifier_rank = -1) const;
+  // ZeRO-3: releases every gathered unit not held by a gathered-parameters scope (DeepSpeed's
+  // empty_partition_cache), e.g. before a phase that needs the memory. Stages 0-2: nothing.
+  void empty_partition_cache();
   // Calls f(name, weight) for every trainable parameter with its full value: at ZeRO-3 one unit
   // gathered at a time, in unit order, then the persistent parameters (collective: every rank
   // calls it); at stages 0-2 the module's parameters in model order. `weight` is the parameter

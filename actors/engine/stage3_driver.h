@@ -33,9 +33,9 @@ class Stage3Driver final : public zero::UnitListener {
   Stage3Driver(std::shared_ptr<const EngineSpec> spec, parameter_shard_actor shard,
                std::shared_ptr<UnitGradStaging> staging, std::chrono::milliseconds bound);
 
-  void before_forward(int64_t unit) override { fetch(unit); }
+  void before_forward(int64_t unit) override { fetch(unit, true); }
   void after_forward(int64_t unit, bool keep) override;
-  void before_backward(int64_t unit) override { fetch(unit); }
+  void before_backward(int64_t unit) override { fetch(unit, true); }
 
   void grad_ready(int64_t param, bool reducing);
   void backward_ended();
@@ -46,7 +46,7 @@ class Stage3Driver final : public zero::UnitListener {
   bool pinned();  // some gathered-parameters scope is open
 
  private:
-  void fetch(int64_t unit);
+  void fetch(int64_t unit, bool ordered);  // ordered: a forward's or a backward's (not a scope's)
   void release(int64_t unit);  // unless pinned
 
   std::shared_ptr<const EngineSpec> spec_;
