@@ -50,7 +50,7 @@ parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stat
         for (const auto& f : self->state.flat) out.tensors.push_back(f->buffer());
         return out;
       },
-      [=](fetch_atom, int64_t, bool) -> Done { return Done{}; },  // stages 0-2 keep every parameter gathered
+      [=](fetch_atom, int64_t, int) -> Done { return Done{}; },  // stages 0-2 keep every parameter gathered
       [=](release_atom, int64_t) {},
       [=](writeback_atom, const std::vector<int64_t>&, bool, int) -> Done { return Done{}; },  // every rank holds everything
   };

@@ -22,9 +22,12 @@
 //   <- partitions -> Buffers     this rank's partitions, lent to the optimizer until `gather`
 //   <- gather -> Done            all-gather the updated partitions into every rank's buffers
 //   <- buffers -> Buffers        the whole flat buffers (storage maps, memory; between steps)
-//   <- fetch(u, ordered) -> Done ZeRO-3: gather unit u (all-gather of its segments) if released;
-//                                an `ordered` fetch (a forward's or a backward's) is part of the
-//                                module order: recorded, followed, and followed by prefetch
+//   <- fetch(u, mode) -> Done    ZeRO-3: gather unit u (all-gather of its segments) if released;
+//                                mode 0: a gathered-parameters scope's (outside the module order);
+//                                1: a forward's without grad (in the order, prefetches nothing:
+//                                no backward follows it); 2: a forward's with grad or a
+//                                backward's (in the order; the next recorded units are gathered
+//                                ahead after the reply)
 //   <- release(u)                ZeRO-3: free unit u's storage (u = -1: every unit)
 //   <- writeback(units, persistent, root) -> Done  ZeRO-3: broadcast the gathered units (and with
 //                                `persistent` the persistent segments) from rank `root`, then copy
@@ -168,7 +171,7 @@ using gradient_reducer_actor = caf::typed_actor<
 
 using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
-                     caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, int64_t, bool>::with<Done>,
+                     caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, int64_t, int>::with<Done>,
                      caf::reacts_to<release_atom, int64_t>,
                      caf::replies_to<writeback_atom, std::vector<int64_t>, bool, int>::with<Done>>;
 

@@ -49,6 +49,7 @@ struct Stage3ShardState {
   std::map<int64_t, Inflight> inflight;  // by unit (kPersistent: the persistent segments)
   std::exception_ptr pending;          // a failure found while releasing, reported by the next request
   std::set<int64_t> abandoned_units;   // their gather failed (see complete())
+  std::set<int64_t> ahead_units;       // gathered ahead, not asked for yet
   std::vector<Inflight> abandoned;
   // The record and where the current window is in it.
   std::vector<int64_t> trace;
@@ -161,11 +162,18 @@ struct Stage3ShardState {
                        position < trace.size() ? unit_name(trace[position]).c_str() : "(the end)", unit_name(unit).c_str());
         warned = true;
         ++counters.divergences;
+        // Units gathered ahead for the record's next steps will not be asked for now.
+        for (int64_t u : std::vector<int64_t>(ahead_units.begin(), ahead_units.end()))
+          if (u != unit) release(u);
+        ahead_units.clear();
       }
     }
+    const bool was_ahead = ahead_units.erase(unit) > 0;
     if (inflight.count(unit)) {
       ++counters.prefetched;
       complete(unit);
+    } else if (was_ahead) {
+      ++counters.prefetched;
     } else if (params->gathered(unit)) {
       ++counters.already_gathered;
     } else {
@@ -193,12 +201,14 @@ struct Stage3ShardState {
         return;
       }
       ahead += numel(u), live += numel(u);
+      ahead_units.insert(u);
       ++counters.prefetch_issued;
     }
   }
 
   void release(int64_t unit) {
     if (abandoned_units.count(unit)) return;
+    ahead_units.erase(unit);
     if (inflight.count(unit)) {
       try {
         complete(unit);
@@ -302,17 +312,17 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
         out.stage3 = st.counters;
         return out;
       },
-      [=](fetch_atom, int64_t unit, bool ordered) -> caf::typed_response_promise<Done> {
+      [=](fetch_atom, int64_t unit, int mode) -> caf::typed_response_promise<Done> {
         auto& st = self->state;
         auto promise = self->make_response_promise<Done>();
         Done done;
         try {
-          st.fetch(unit, ordered);
+          st.fetch(unit, mode > 0);
         } catch (...) {
           done.error = std::current_exception();
         }
         promise.deliver(done);  // the user's thread goes on while the next units are issued
-        if (!done.error && ordered) st.prefetch();
+        if (!done.error && mode == 2) st.prefetch();
         return promise;
       },
       [=](writeback_atom, const std::vector<int64_t>& units, bool persistent, int root) -> Done {

@@ -41,7 +41,7 @@ void Stage3Driver::pin(const std::vector<int64_t>& units) {
       std::lock_guard<std::mutex> lock(mutex_);
       ++pins_.at(size_t(u));
     }
-    fetch(u, false);
+    fetch(u, 0);
   }
 }
 
@@ -59,7 +59,7 @@ void Stage3Driver::unpin(const std::vector<int64_t>& units) {
   (void)ask<Buffers>(shard_, bound_, "ZeRO-3: the parameter-shard (ending a gathered-parameters scope)", buffers_atom::value);
 }
 
-void Stage3Driver::fetch(int64_t unit, bool ordered) {
+void Stage3Driver::fetch(int64_t unit, int mode) {
   const auto t0 = std::chrono::steady_clock::now();
   struct Count {
     double& total;
@@ -67,7 +67,7 @@ void Stage3Driver::fetch(int64_t unit, bool ordered) {
     ~Count() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
   } count{wait_s_, t0};
   checked(ask<Done>(shard_, bound_, "ZeRO-3: the parameter-shard (gathering unit '" + spec_->plan->units().at(size_t(unit)).module + "')",
-                    fetch_atom::value, unit, ordered));
+                    fetch_atom::value, unit, mode));
 }
 
 void Stage3Driver::after_forward(int64_t unit, bool keep) {

@@ -16,6 +16,8 @@
 // time; the driver keeps only counters, and the parameter-shard owns the storage.
 #pragma once
 
+#include <c10/core/GradMode.h>
+
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -33,9 +35,10 @@ class Stage3Driver final : public zero::UnitListener {
   Stage3Driver(std::shared_ptr<const EngineSpec> spec, parameter_shard_actor shard,
                std::shared_ptr<UnitGradStaging> staging, std::chrono::milliseconds bound);
 
-  void before_forward(int64_t unit) override { fetch(unit, true); }
+  // A forward without grad prefetches nothing: no backward follows it (an eval leaves nothing gathered).
+  void before_forward(int64_t unit) override { fetch(unit, c10::GradMode::is_enabled() ? 2 : 1); }
   void after_forward(int64_t unit, bool keep) override;
-  void before_backward(int64_t unit) override { fetch(unit, true); }
+  void before_backward(int64_t unit) override { fetch(unit, 2); }
 
   void grad_ready(int64_t param, bool reducing);
   void backward_ended();
@@ -46,7 +49,7 @@ class Stage3Driver final : public zero::UnitListener {
   bool pinned();  // some gathered-parameters scope is open
 
  private:
-  void fetch(int64_t unit, bool ordered);  // ordered: a forward's or a backward's (not a scope's)
+  void fetch(int64_t unit, int mode);  // protocol.h: 0 a scope's, 1 a forward's without grad, 2 with grad or a backward's
   void release(int64_t unit);  // unless pinned
 
   std::shared_ptr<const EngineSpec> spec_;

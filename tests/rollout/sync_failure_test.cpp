@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include "actors/actor_runtime.h"
 #include "actors/engine/engine.h"
@@ -253,6 +254,9 @@ TEST_CASE("A source map with two training ranks' pieces swapped is refused on ev
     std::vector<std::string> done;
     for (int r = 0; r < rollout_size; ++r) done.push_back("done/rollout/" + std::to_string(r));
     marks->wait(done, std::chrono::seconds(60));
+    // The last set was handled, but its reply may still be on its way: give it time before the
+    // store's host exits (else that rank's set fails with "connection to the store was lost").
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
 }
 
@@ -343,6 +347,7 @@ TEST_CASE("A training rank killed mid-sync: the rollout job errs within the sync
         std::vector<std::string> done;
         for (int r = 0; r < rollout_size; ++r) done.push_back("done/" + std::to_string(r));
         marks->wait(done, std::chrono::seconds(30));
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the last set's reply (above)
       }
     }
   }
