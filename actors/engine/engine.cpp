@@ -32,6 +32,7 @@
 #include "core/optim/lr_schedule.h"
 #include "core/zero/grad_ready_hooks.h"
 #include "core/zero/leaf_modules.h"
+#include "core/zero/partitioned_construction.h"
 #include "core/zero/stage3_parameters.h"
 #include "core/zero/unit_hooks.h"
 #include "transport/communicator.h"
@@ -272,6 +273,17 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
                                                                                : at::kFloat;
   const auto device = trainable.front().second.device();
   for (const auto& [name, p] : trainable) {
+    // A parameter cut by partitioned construction is this rank's chunk (stage 3 only, same world).
+    if (const auto chunk = zero::constructed_chunk(p)) {
+      if (settings.stage != 3)
+        throw ConfigError("initialize: parameter '" + name + "' was cut by partitioned construction "
+                          "(PartitionedConstruction), which only ZeRO stage 3 takes (zero_optimization.stage is " +
+                          std::to_string(settings.stage) + ")");
+      if (chunk->world != size || chunk->rank != rank)
+        throw Error("initialize: parameter '" + name + "' was cut for rank " + std::to_string(chunk->rank) + " of " +
+                    std::to_string(chunk->world) + ", but this is rank " + std::to_string(rank) + " of " + std::to_string(size));
+      continue;
+    }
     // A parameter a ZeRO-3 engine released has its shape but no memory (and would crash a copy).
     if (p.numel() > 0 && (!p.has_storage() || p.storage().data() == nullptr))
       throw Error("initialize: parameter '" + name + "' has no memory: a ZeRO-3 engine released it (is the model still "
@@ -355,7 +367,18 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   for (const auto& [name, p] : trainable) parameters.push_back(p);
   std::unique_ptr<zero::Stage3Parameters> stage3_parameters;
   if (stage3) {
-    stage3_parameters = std::make_unique<zero::Stage3Parameters>(*plan, rank, parameters, dtype);
+    // Parameters cut at construction: their values are every rank's chunks, gathered one at a time.
+    zero::Stage3Parameters::Fill gather_chunks = [&](int64_t i, const at::Tensor& view) {
+      const auto chunk = zero::constructed_chunk(parameters[size_t(i)]);
+      if (!chunk) return false;
+      auto whole = at::empty({chunk->chunk.numel() * size}, chunk->chunk.options());
+      if (param_comm) param_comm->all_gather(chunk->chunk, whole)->wait();
+      else whole.copy_(chunk->chunk);
+      view.reshape({-1}).copy_(whole.narrow(0, 0, chunk->numel));
+      return true;
+    };
+    stage3_parameters = std::make_unique<zero::Stage3Parameters>(*plan, rank, parameters, dtype, gather_chunks);
+    for (const auto& p : parameters) zero::forget_constructed(p);
     for (size_t g = 0; g < plan->groups().size(); ++g) {
       partitions.push_back(stage3_parameters->partition(int64_t(g)));
       if (!inference) kernels.push_back(group_kernels[size_t(plan->groups()[g].param_group)]);

@@ -38,7 +38,8 @@
 // by a tessera::Unit holder (core/zero/unit_holder.h), gathered around its forward and for its
 // backward, prefetched along the order recorded in the first update window, released at storage
 // level; gradients are reduce-scattered unit by unit (actors/unit_grad_staging.h). Leaf modules
-// (core/zero/leaf_modules.h) are gathered whole. Between steps a parameter has no memory: read
+// (core/zero/leaf_modules.h) are gathered whole; a model built in a PartitionedConstruction scope
+// (core/zero/partitioned_construction.h) is taken as its chunks. Between steps a parameter has no memory: read
 // parameters inside gathered_parameters(). Without an optimizer, initialize at stage 3 builds a
 // ZeRO inference engine (forwards only; no prefetch yet).
 // Not yet (each refused with a clear error at initialize): offload, tensor parallelism.

@@ -8,7 +8,7 @@
 namespace tessera::zero {
 
 Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std::vector<at::Tensor>& parameters,
-                                   at::ScalarType dtype)
+                                   at::ScalarType dtype, const Fill& fill)
     : plan_(&plan), rank_(rank) {
   if (plan.stage() != 3) throw Error("Stage3Parameters: the sharding plan is for stage " + std::to_string(plan.stage()));
   if (parameters.size() != plan.parameters().size())
@@ -27,7 +27,7 @@ Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std
       const auto& p = parameters[size_t(s.params[k])];
       const auto& slot = s.layout.params[k];
       auto view = gathered.narrow(0, slot.offset, slot.numel).view(p.sizes());
-      view.copy_(p.detach());
+      if (!fill || !fill(s.params[k], view)) view.copy_(p.detach());
       auto param = p;  // a handle on the same TensorImpl
       param.set_data(view);
     }

@@ -21,6 +21,7 @@
 #include <c10/core/StorageImpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,7 +33,11 @@ namespace tessera::zero {
 class Stage3Parameters {
  public:
   // `parameters`: the plan's parameters in its order (model-wide index), full-shaped, one device.
-  Stage3Parameters(const ShardingPlan& plan, int rank, const std::vector<at::Tensor>& parameters, at::ScalarType dtype);
+  // `fill(i, view)`, when given, may write parameter i's values into `view` itself (true) instead
+  // of them being copied from the parameter (a parameter cut at construction has no memory).
+  using Fill = std::function<bool(int64_t param, const at::Tensor& view)>;
+  Stage3Parameters(const ShardingPlan& plan, int rank, const std::vector<at::Tensor>& parameters, at::ScalarType dtype,
+                   const Fill& fill = nullptr);
   ~Stage3Parameters();
   Stage3Parameters(const Stage3Parameters&) = delete;
   Stage3Parameters& operator=(const Stage3Parameters&) = delete;

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/zero/partitioned_construction.h"
 
 namespace tessera::zero {
 namespace {
@@ -69,11 +70,14 @@ bool is_held(const torch::nn::Module* module) {
 void note_held(const std::shared_ptr<torch::nn::Module>& module) {
   if (!module) return;
   auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  // Forget dead modules now and then so the table does not grow with every model ever built.
-  if (r.held.size() > 1024 && r.held.size() % 1024 == 0)
-    for (auto it = r.held.begin(); it != r.held.end();) it = it->second.expired() ? r.held.erase(it) : std::next(it);
-  r.held[module.get()] = module;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    // Forget dead modules now and then so the table does not grow with every model ever built.
+    if (r.held.size() > 1024 && r.held.size() % 1024 == 0)
+      for (auto it = r.held.begin(); it != r.held.end();) it = it->second.expired() ? r.held.erase(it) : std::next(it);
+    r.held[module.get()] = module;
+  }
+  partition_if_constructing(module);  // inside a PartitionedConstruction scope: cut it now
 }
 
 UnitCall::UnitCall(const torch::nn::Module* module) {

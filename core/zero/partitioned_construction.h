@@ -1,0 +1,58 @@
+// Partitioned construction (DeepSpeed's zero.Init, Accelerate's zero3_init_flag): inside a
+// PartitionedConstruction scope, the parameters of every module a tessera::Unit holder is given
+// are cut as soon as the holder gets the module: this rank keeps 1/W of each (flattened, in W equal
+// chunks, the last padded with zeros) and the full storage is freed. So a model larger than one
+// rank's share can be built, one module at a time. A stage-3 initialize then builds each unit from
+// the ranks' chunks (an all-gather per parameter), never holding more than one unit whole.
+//
+// The same seed gives the same weights as plain construction, as long as the values are made in
+// the modules' constructors (LibTorch's own initialisation): cutting consumes no random numbers.
+// Code that writes the parameters after construction (a custom init loop) must not run on a
+// partitioned model: its parameters have no memory. Only stage 3 takes such a model.
+//
+//   { tessera::zero::PartitionedConstruction scope;   // W and rank from tessera-launch
+//     model = std::make_shared<Net>(); }
+//   auto engine = tessera::initialize(model, stage3_config).engine;
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace tessera::zero {
+
+class PartitionedConstruction {
+ public:
+  // world/rank < 0: from tessera-launch's environment (WORLD_SIZE, RANK).
+  explicit PartitionedConstruction(int world = -1, int rank = -1);
+  ~PartitionedConstruction();
+  PartitionedConstruction(const PartitionedConstruction&) = delete;
+  PartitionedConstruction& operator=(const PartitionedConstruction&) = delete;
+
+ private:
+  PartitionedConstruction* outer_;
+  int world_, rank_;
+  friend void partition_if_constructing(const std::shared_ptr<torch::nn::Module>& module);
+};
+
+// This rank's chunk of a parameter cut at construction.
+struct ConstructedChunk {
+  int world = 1;
+  int rank = 0;
+  int64_t numel = 0;  // of the whole parameter
+  at::Tensor chunk;   // [ceil(numel / world)], the parameter's dtype
+};
+
+// Called by unit holders: cuts `module`'s own parameters when a scope is active on this thread.
+void partition_if_constructing(const std::shared_ptr<torch::nn::Module>& module);
+// The chunk of a parameter cut at construction, if it was.
+std::optional<ConstructedChunk> constructed_chunk(const at::Tensor& parameter);
+// Drops the chunk (after initialize used it).
+void forget_constructed(const at::Tensor& parameter);
+
+}  // namespace tessera::zero
