@@ -63,6 +63,7 @@
 #include <thread>
 
 #include "actors/engine/engine.h"
+#include "bench/common/counting_allocator.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/nn/tiny_gpt.h"
@@ -70,49 +71,11 @@
 
 namespace {
 
-// ---- a counting CPU allocator ---------------------------------------------------------------
-
-std::atomic<int64_t> g_live{0}, g_peak{0};
-
-void count_alloc(int64_t n) {
-  const int64_t now = g_live.fetch_add(n) + n;
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
-}
-
-// LibTorch's CPU allocation (c10::alloc_cpu, 64-byte aligned) with the size in a 64-byte header
-// in front of the data, so the data pointer is its own context, as raw_allocate() requires (the
-// kernels that take scratch buffers use it). Storages remember their allocator, so ZeRO-3's
-// re-materialised units go through it too.
-class CountingAllocator final : public c10::Allocator {
- public:
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-  c10::DataPtr allocate(size_t n) override { return make(n); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
-#else
-  c10::DataPtr allocate(size_t n) const override { return make(n); }
-#endif
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-
- private:
-  static constexpr size_t kHeader = 64;
-  static void release(void* data) {
-    if (!data) return;
-    char* base = static_cast<char*>(data) - kHeader;
-    g_live.fetch_sub(*reinterpret_cast<int64_t*>(base));
-    c10::free_cpu(base);
-  }
-  static c10::DataPtr make(size_t n) {
-    char* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
-    *reinterpret_cast<int64_t*>(base) = int64_t(n);
-    count_alloc(int64_t(n));
-    void* data = base + kHeader;
-    return c10::DataPtr(data, data, &CountingAllocator::release, c10::Device(c10::kCPU));
-  }
-};
-
-void reset_peak() { g_peak.store(g_live.load()); }
+// The counting CPU allocator: bench/common/counting_allocator.h.
+using tessera::bench::CountingAllocator;
+using tessera::bench::g_live;
+using tessera::bench::g_peak;
+using tessera::bench::reset_peak;
 
 // Waits (up to 2 s) for the live bytes to stop falling: engines shut their actors down asynchronously.
 void settle() {
