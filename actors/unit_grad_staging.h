@@ -36,9 +36,6 @@ class UnitGradStaging {
   void take(int64_t param);  // parameter `param`'s gradient is final for this backward
   void take_rest();          // backward ended: every item not staged yet, in order
 
-  // The reduction order: per item, its segments.
-  const std::vector<std::vector<int64_t>>& order() const { return items_; }
-
  private:
   void stage(size_t item);
   void issue_ready();

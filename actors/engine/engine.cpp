@@ -102,11 +102,11 @@ struct Engine::Impl {
   }
   // Whether gradients go to the reducer at all: across ranks, and at ZeRO-3 always (one rank's
   // gradients must still move from the units into the partition).
-  bool distributed() const { return spec->world > 1 || stage3; }
+  bool reduces_gradients() const { return spec->world > 1 || stage3; }
   // A reduction starts: the reducer (and the staging) learn of it before any gradient arrives.
   void start_reduction() {
     micro->start_reduction();
-    if (!distributed()) return;
+    if (!reduces_gradients()) return;
     if (staging) staging->start();
     if (unit_staging) unit_staging->start();
     caf::anon_send(reducer, actors::begin_atom::value);
@@ -456,7 +456,7 @@ Engine::Scope Engine::coalesce_grad_reduction() {
     // One pass over the accumulated gradients: every bucket, in order, once.
     if (s->micro->exit_coalesce()) {
       s->start_reduction();
-      if (s->distributed()) s->end_reduction();
+      if (s->reduces_gradients()) s->end_reduction();
       s->micro->end_backward();
     }
   });

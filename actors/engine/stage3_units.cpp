@@ -27,9 +27,7 @@ std::set<std::string> stage3_leaf_modules(torch::nn::Module& model, const config
     bool is_leaf = z3_leaf_module(*item.value()) ||
                    std::find(leaf.names.begin(), leaf.names.end(), name) != leaf.names.end();
     for (const auto& c : classes) is_leaf = is_leaf || z3_class_matches(c, item.value()->name());
-    for (const auto& s : leaf.name_suffixes)
-      is_leaf = is_leaf || (!s.empty() && name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0 &&
-                            (name.size() == s.size() || name[name.size() - s.size() - 1] == '.'));
+    for (const auto& s : leaf.name_suffixes) is_leaf = is_leaf || z3_suffix_matches(s, name);
     if (is_leaf) out.insert(name);
   }
   return out;

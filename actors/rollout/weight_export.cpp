@@ -17,24 +17,10 @@ std::vector<WeightMetadata> weight_metadata(const Engine& engine) {
   return out;
 }
 
+// The module's own parameters: at ZeRO 0-2 views of the rank's flat buffers, at ZeRO-3 one unit
+// gathered at a time (Engine::for_each_gathered_parameter).
 void export_weights(const Engine& engine, const std::function<void(const std::string&, const at::Tensor&)>& f) {
-  if (engine.config().zero_optimization.stage.value == 3) {  // partitioned: one unit gathered at a time
-    engine.for_each_gathered_parameter(f);
-    return;
-  }
-  const auto storage = engine.storage_maps();
-  for (const auto& m : storage.maps) {
-    if (m.kind != "param") continue;
-    const auto& pieces = m.map.ranks.at(engine.rank()).pieces;
-    const auto& flat = storage.buffers.at(m.buffer);
-    if (pieces.size() != 1 || !pieces[0].box.contains(affine::Box::whole(m.map.shape)))
-      throw Error("export_weights: '" + m.map.name + "' is not whole on rank " + std::to_string(engine.rank()) +
-                  " (a layout export_weights cannot read)");
-    const auto& p = pieces[0];
-    if (p.strides != affine::row_major_strides(m.map.shape))
-      throw Error("export_weights: '" + m.map.name + "' is not stored row-major");
-    f(m.map.name, flat.narrow(0, p.offset, m.map.numel()).view(m.map.shape.to_vector()));
-  }
+  engine.for_each_gathered_parameter(f);
 }
 
 }  // namespace tessera

@@ -41,11 +41,14 @@ std::string last_part(const std::string& s) {
   return s.substr(from);
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 }  // namespace
+
+bool z3_suffix_matches(const std::string& suffix, const std::string& name) {
+  if (suffix.empty() || name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  const size_t at = name.size() - suffix.size();
+  return at == 0 || name[at - 1] == '.';
+}
 
 bool z3_class_matches(const std::string& pattern, const std::string& module_name) {
   if (pattern.empty()) return false;
@@ -84,10 +87,7 @@ std::vector<std::string> set_z3_leaf_modules_by_suffix(torch::nn::Module& model,
   std::vector<std::string> out;
   for (const auto& item : model.named_modules()) {
     for (const auto& s : suffixes) {
-      if (s.empty() || !ends_with(item.key(), s)) continue;
-      // A whole path component: "experts" matches "layers.0.experts", not "layers.0.my_experts".
-      const size_t at = item.key().size() - s.size();
-      if (at != 0 && item.key()[at - 1] != '.') continue;
+      if (!z3_suffix_matches(s, item.key())) continue;
       mark(item.value());
       out.push_back(item.key());
       break;

@@ -37,5 +37,8 @@ std::vector<std::string> get_z3_leaf_modules(torch::nn::Module& model);
 const std::vector<std::string>& default_z3_leaf_classes();
 // Whether a class pattern (see above) names LibTorch module name `module_name`.
 bool z3_class_matches(const std::string& pattern, const std::string& module_name);
+// Whether dotted module name `name` ends with `suffix` as whole components ("experts" matches
+// "layers.0.experts", not "layers.0.my_experts").
+bool z3_suffix_matches(const std::string& suffix, const std::string& name);
 
 }  // namespace tessera
