@@ -245,21 +245,26 @@ struct Stage3ShardState {
       for (auto& [u, buffer] : buffers) works.push_back(comm->broadcast(buffer, root));
       for (auto& w : works) w->wait();
     }
+    // This rank's piece of each gathered segment back into the partition.
+    auto keep_piece = [&](int64_t index, const at::Tensor& gathered) {
+      const auto& s = plan().segments()[size_t(index)];
+      params->piece(index).copy_(gathered.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel));
+    };
     for (int64_t u : units)
-      for (int64_t index : plan().units()[size_t(u)].segments) {
-        const auto& s = plan().segments()[size_t(index)];
-        params->piece(index).copy_(
-            params->alias(u).narrow(0, s.gathered_offset + s.layout.partition_begin(spec->rank), s.layout.partition_numel));
-      }
+      for (int64_t index : plan().units()[size_t(u)].segments)
+        keep_piece(index, params->alias(u).narrow(0, plan().segments()[size_t(index)].gathered_offset,
+                                                  plan().segments()[size_t(index)].layout.padded_numel));
     for (size_t g = 0; g < plan().groups().size() && persistent_too; ++g) {
-      auto persistent = params->persistent_segment(int64_t(g));
-      if (!persistent.defined()) continue;
-      for (int64_t index : plan().groups()[g].segments) {
-        const auto& s = plan().segments()[size_t(index)];
-        if (s.persistent())
-          params->piece(index).copy_(persistent.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel));
-      }
+      const int64_t index = persistent_index(int64_t(g));
+      if (index >= 0) keep_piece(index, params->persistent_segment(int64_t(g)));
     }
+  }
+
+  // Flat group g's persistent segment, or -1.
+  int64_t persistent_index(int64_t g) const {
+    for (int64_t index : plan().groups()[size_t(g)].segments)
+      if (plan().segments()[size_t(index)].persistent()) return index;
+    return -1;
   }
 
   void gather_persistent() {
@@ -275,10 +280,8 @@ struct Stage3ShardState {
   void gather_persistent_segments() {
     std::vector<std::pair<int64_t, at::Tensor>> targets;
     for (size_t g = 0; g < plan().groups().size(); ++g) {
-      auto persistent = params->persistent_segment(int64_t(g));
-      if (!persistent.defined()) continue;
-      for (int64_t index : plan().groups()[g].segments)
-        if (plan().segments()[size_t(index)].persistent()) targets.emplace_back(index, persistent);
+      const int64_t index = persistent_index(int64_t(g));
+      if (index >= 0) targets.emplace_back(index, params->persistent_segment(int64_t(g)));
     }
     inflight.emplace(kPersistent, issue(kPersistent, targets));
     complete(kPersistent);
