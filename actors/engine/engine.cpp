@@ -61,6 +61,7 @@ struct Engine::Impl {
   std::shared_ptr<actors::BucketStaging> staging;  // partitioned gradients
   std::shared_ptr<actors::UnitGradStaging> unit_staging;  // ZeRO-3
   std::shared_ptr<actors::Stage3Driver> stage3;           // ZeRO-3: the units' listener
+  std::unique_ptr<zero::SequentialUnits> sequential_units;  // ZeRO-3: swapped Sequential entries (put back last)
   bool inference = false;  // ZeRO inference: no optimizer, no reducer, no hooks; forwards only
   void refuse_in_inference(const char* what) const {
     if (inference)
@@ -259,8 +260,11 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   plan_options.persistence_threshold = settings.persistence_threshold;
   auto plan = std::make_shared<const zero::ShardingPlan>(planned, plan_options);
   std::vector<const torch::nn::Module*> units;
+  std::unique_ptr<zero::SequentialUnits> sequential_units;
   if (stage3) {
-    units = actors::stage3_unit_modules(*model, *plan);
+    auto found = actors::stage3_unit_modules(*model, *plan);
+    units = std::move(found.modules);
+    sequential_units = std::move(found.sequential);
     for (size_t u = 0; u < units.size(); ++u)
       if (zero::is_unit(units[u]))
         throw Error("initialize: ZeRO-3: module '" + plan->units()[u].module +
@@ -331,6 +335,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
                                                      plan->partitioned_gradients() || stage3, size > 1 || stage3);
   if (plan->partitioned_gradients()) impl->staging = std::make_shared<actors::BucketStaging>(spec, parameters);
   impl->inference = inference;
+  impl->sequential_units = std::move(sequential_units);
   if (stage3 && !inference) impl->unit_staging = std::make_shared<actors::UnitGradStaging>(spec, parameters);
   if (!inference) impl->reducer = actors::spawn_gradient_reducer(spec, parameters, flat, impl->staging, grad_comm);
   if (impl->unit_staging) impl->unit_staging->connect(impl->reducer);

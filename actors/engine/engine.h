@@ -35,12 +35,13 @@
 // gradients of lower_precision_safe_modules in bf16 (actors/autocast.h).
 // Parameter groups (param_group.h) or a client torch::optim optimizer give per-group settings.
 // ZeRO-3 (stage 3): every module that owns parameters is a unit (core/zero/unit_layout.h), held
-// by a tessera::Unit holder (core/zero/unit_holder.h), gathered around its forward and for its
-// backward, prefetched along the order recorded in the first update window, released at storage
-// level; gradients are reduce-scattered unit by unit (actors/unit_grad_staging.h). Leaf modules
-// (core/zero/leaf_modules.h) are gathered whole; a model built in a PartitionedConstruction scope
-// (core/zero/partitioned_construction.h) is taken as its chunks. Between steps a parameter has no memory: read
-// parameters inside gathered_parameters(). Without an optimizer, initialize at stage 3 builds a
+// by a tessera::Unit holder (core/zero/unit_holder.h) or an entry of a stock torch::nn::Sequential
+// (core/zero/sequential_units.h), gathered around its forward and for its backward, prefetched
+// along the order recorded in the first update window, released at storage level; gradients are
+// reduce-scattered unit by unit (actors/unit_grad_staging.h). Leaf modules (core/zero/
+// leaf_modules.h) are gathered whole; a model built in a PartitionedConstruction scope (core/zero/
+// partitioned_construction.h) is taken as its chunks. Between steps a parameter has no memory:
+// read parameters inside gathered_parameters(). Without an optimizer, initialize at stage 3 builds a
 // ZeRO inference engine (forwards only; no prefetch yet).
 // Not yet (each refused with a clear error at initialize): offload, tensor parallelism.
 // Cross-rank contract: every rank calls backward/step the same number of times, with the same

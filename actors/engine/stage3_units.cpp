@@ -61,24 +61,28 @@ void assign_stage3_units(torch::nn::Module& model, const std::vector<std::pair<s
     planned[i].module = outermost_leaf(owner.at(trainable[i].second.unsafeGetTensorImpl()));
 }
 
-// ZeRO-3: the modules of the plan's units, each of which a tessera::Unit holder must call.
-std::vector<const torch::nn::Module*> stage3_unit_modules(torch::nn::Module& model, const zero::ShardingPlan& plan) {
+// ZeRO-3: the modules of the plan's units, each of which a tessera::Unit holder or a Sequential
+// (whose entries are swapped here, even when a holder holds them: Sequential calls the module, not
+// the holder) must call.
+Stage3UnitModules stage3_unit_modules(torch::nn::Module& model, const zero::ShardingPlan& plan) {
   std::map<std::string, const torch::nn::Module*> by_name;
   for (const auto& item : model.named_modules()) by_name[item.key()] = item.value().get();
-  std::vector<const torch::nn::Module*> out;
+  Stage3UnitModules out;
+  for (const auto& unit : plan.units()) out.modules.push_back(by_name.at(unit.module));
+  out.sequential = std::make_unique<zero::SequentialUnits>(model, out.modules);
   std::vector<std::string> unheld;
-  for (const auto& unit : plan.units()) {
-    const auto* m = by_name.at(unit.module);
-    out.push_back(m);
-    if (!zero::is_held(m)) unheld.push_back("'" + (unit.module.empty() ? std::string("(the root module)") : unit.module) + "' (" + m->name() + ")");
+  for (size_t u = 0; u < plan.units().size(); ++u) {
+    const auto& unit = plan.units()[u];
+    const auto* m = out.modules[u];
+    if (!zero::is_held(m) && !out.sequential->brackets(m)) unheld.push_back("'" + (unit.module.empty() ? std::string("(the root module)") : unit.module) + "' (" + m->name() + ")");
   }
   if (!unheld.empty()) {
     std::string list;
     for (size_t i = 0; i < unheld.size() && i < 6; ++i) list += (i ? ", " : "") + unheld[i];
     if (unheld.size() > 6) list += " and " + std::to_string(unheld.size() - 6) + " more";
     throw Error("initialize: ZeRO-3 gathers a module's parameters around its forward, which it can only see through a "
-                "tessera::Unit holder (core/zero/unit_holder.h); these modules own parameters but no holder holds "
-                "them: " + list + ". Declare the member as tessera::Unit<torch::nn::Linear> (etc.) instead of "
+                "tessera::Unit holder (core/zero/unit_holder.h) or as an entry of a torch::nn::Sequential; these modules "
+                "own parameters but neither calls them: " + list + ". Declare the member as tessera::Unit<torch::nn::Linear> (etc.) instead of "
                 "torch::nn::Linear, or raise zero_optimization.stage3_param_persistence_threshold to keep them gathered");
   }
   return out;
