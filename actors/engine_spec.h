@@ -30,6 +30,12 @@ struct EngineSpec {
   // for is gathered whatever its size).
   int64_t prefetch_elements = 50'000'000;
   int64_t max_live_elements = 1'000'000'000;
+  // ZeRO-3: a unit whose next use in the recorded order comes within this many elements of other
+  // units' gathers stays gathered after a use (stage3_max_reuse_distance; 0: always released).
+  int64_t max_reuse_elements = 1'000'000'000;
+  // ZeRO-3 without an optimizer (ZeRO inference): no updates end a window; each Engine::forward
+  // is one (the first is recorded, later ones prefetch along it).
+  bool forward_windows = false;
 
   int64_t owned_partition() const { return plan->owned_partition(rank); }
   bool partitioned_gradients() const { return plan->partitioned_gradients(); }

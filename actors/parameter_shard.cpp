@@ -51,7 +51,8 @@ parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stat
         return out;
       },
       [=](fetch_atom, int64_t, int) -> Done { return Done{}; },  // stages 0-2 keep every parameter gathered
-      [=](release_atom, int64_t) {},
+      [=](release_atom, int64_t, bool) {},
+      [=](window_atom, bool) {},
       [=](writeback_atom, const std::vector<int64_t>&, bool, int) -> Done { return Done{}; },  // every rank holds everything
   };
 }

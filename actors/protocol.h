@@ -81,6 +81,7 @@ using release_atom = caf::atom_constant<caf::atom("release")>;
 using segments_atom = caf::atom_constant<caf::atom("segments")>;
 using writeback_atom = caf::atom_constant<caf::atom("writeback")>;
 using refresh_atom = caf::atom_constant<caf::atom("refresh")>;
+using window_atom = caf::atom_constant<caf::atom("window")>;
 
 // A reply that carries only success or the error.
 struct Done {
@@ -124,6 +125,8 @@ struct Stage3Counters {
   int64_t already_gathered = 0;  // of them: the unit was still gathered (nothing to do)
   int64_t prefetch_issued = 0;   // gathers issued ahead of a request
   int64_t divergences = 0;       // windows that left the recorded order
+  int64_t kept_for_reuse = 0;    // releases skipped: the unit is used again within stage3_max_reuse_distance
+  int64_t peak_gathered_bytes = 0;  // most unit storage gathered at once (persistent copies not included)
 };
 
 struct Buffers {
@@ -172,7 +175,7 @@ using gradient_reducer_actor = caf::typed_actor<
 using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
                      caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, int64_t, int>::with<Done>,
-                     caf::reacts_to<release_atom, int64_t>,
+                     caf::reacts_to<release_atom, int64_t, bool>, caf::reacts_to<window_atom, bool>,
                      caf::replies_to<writeback_atom, std::vector<int64_t>, bool, int>::with<Done>>;
 
 using rollout_sink_actor = caf::typed_actor<caf::replies_to<sync_atom>::with<SyncReport>, caf::reacts_to<listen_atom>,

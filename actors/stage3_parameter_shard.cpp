@@ -13,11 +13,19 @@
 // recorded units are gathered ahead (issued, not waited for): the next one whatever its size, more
 // while their elements stay within stage3_prefetch_bucket_size, and everything gathered within
 // stage3_max_live_parameters. Fetches of gathered-parameters scopes are outside the order. A fetch
-// that leaves the record stops prefetching for the rest of that window (said once). Prefetch
-// decisions depend only on the record and on the messages' order, which the user's thread fixes,
-// so every rank issues the same gathers.
+// that leaves the record stops prefetching for the rest of that window (said once). A ZeRO
+// inference engine has no updates: its windows are its Engine::forward calls (fetches outside one
+// are on demand), and its forwards prefetch although no backward follows.
+//
+// Reuse (stage3_max_reuse_distance): while a window follows the record, a unit released after a
+// use stays gathered if the record uses it again before that many elements of other units'
+// gathers (DeepSpeed's rule; e.g. the last block's forward and then its backward), as long as
+// everything gathered stays within stage3_max_live_parameters. Prefetch and reuse decisions depend
+// only on the record and on the messages' order, which the user's thread fixes, so every rank
+// issues the same gathers.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -54,6 +62,7 @@ struct Stage3ShardState {
   // The record and where the current window is in it.
   std::vector<int64_t> trace;
   bool recording = true, following = false, warned = false;
+  bool in_window = false;  // forward windows (ZeRO inference): inside an Engine::forward
   size_t position = 0;
   int64_t windows = 0;
   Stage3Counters counters;
@@ -135,7 +144,10 @@ struct Stage3ShardState {
     return targets;
   }
 
-  void start(int64_t unit) { inflight.emplace(unit, issue(unit, unit_targets(unit))); }
+  void start(int64_t unit) {
+    inflight.emplace(unit, issue(unit, unit_targets(unit)));
+    counters.peak_gathered_bytes = std::max(counters.peak_gathered_bytes, params->gathered_bytes());
+  }
 
   void rethrow_pending() {
     if (pending) std::rethrow_exception(std::exchange(pending, nullptr));
@@ -146,6 +158,7 @@ struct Stage3ShardState {
     if (unit < 0 || size_t(unit) >= plan().units().size())
       throw Error("ZeRO-3: fetch of unit " + std::to_string(unit) + " of " + std::to_string(plan().units().size()));
     ++counters.fetches;
+    if (spec->forward_windows && !in_window) ordered = false;  // outside a forward: on demand
     if (!ordered) {
       // A gathered-parameters scope: outside the module order.
     } else if (recording) {
@@ -156,9 +169,9 @@ struct Stage3ShardState {
       } else {
         following = false;
         if (!warned && spec->rank == 0)
-          std::fprintf(stderr, "[tessera] ZeRO-3: update window %lld left the recorded module order at fetch %zu "
+          std::fprintf(stderr, "[tessera] ZeRO-3: %s window %lld left the recorded module order at fetch %zu "
                                "(recorded %s, now %s); gathering on demand for the rest of the window\n",
-                       static_cast<long long>(windows), position,
+                       spec->forward_windows ? "forward" : "update", static_cast<long long>(windows), position,
                        position < trace.size() ? unit_name(trace[position]).c_str() : "(the end)", unit_name(unit).c_str());
         warned = true;
         ++counters.divergences;
@@ -204,6 +217,45 @@ struct Stage3ShardState {
       ahead_units.insert(u);
       ++counters.prefetch_issued;
     }
+  }
+
+  // Whether the record uses `unit` again within stage3_max_reuse_distance elements of other
+  // units' gathers from where the window is.
+  bool reused_soon(int64_t unit) const {
+    if (!following || spec->max_reuse_elements <= 0) return false;
+    int64_t traversed = 0;
+    for (size_t k = position; k < trace.size() && traversed < spec->max_reuse_elements; ++k) {
+      if (trace[k] == unit) return true;
+      traversed += numel(trace[k]);
+    }
+    return false;
+  }
+
+  // After a use: released, unless it is reused soon and the live bound allows keeping it.
+  void release_after_use(int64_t unit) {
+    const int64_t live = params->gathered_bytes() / int64_t(c10::elementSize(spec->dtype));
+    if (params->gathered(unit) && !inflight.count(unit) && live <= spec->max_live_elements && reused_soon(unit)) {
+      ++counters.kept_for_reuse;
+      return;
+    }
+    release(unit);
+  }
+
+  // Forward windows (ZeRO inference): the first is recorded, later ones follow it. At a window's
+  // end the units gathered ahead and not asked for are released (the driver releases the rest).
+  void window(bool begin) {
+    if (begin) {
+      in_window = true;
+      position = 0;
+      following = !recording && spec->prefetch_elements > 0;
+      return;
+    }
+    in_window = false;
+    ++windows;
+    if (recording && !trace.empty()) recording = false;
+    following = false;
+    for (int64_t u : std::vector<int64_t>(ahead_units.begin(), ahead_units.end())) release(u);
+    ahead_units.clear();
   }
 
   void release(int64_t unit) {
@@ -325,7 +377,9 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
           done.error = std::current_exception();
         }
         promise.deliver(done);  // the user's thread goes on while the next units are issued
-        if (!done.error && mode == 2) st.prefetch();
+        // A forward without grad in training is followed by no backward (an eval would leave its
+        // prefetches gathered); in ZeRO inference the window's end releases them.
+        if (!done.error && (mode == 2 || (mode == 1 && st.spec->forward_windows))) st.prefetch();
         return promise;
       },
       [=](writeback_atom, const std::vector<int64_t>& units, bool persistent, int root) -> Done {
@@ -337,14 +391,16 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
         }
         return done;
       },
-      [=](release_atom, int64_t unit) {
+      [=](release_atom, int64_t unit, bool after_use) {
         auto& st = self->state;
         if (unit < 0) {
           for (size_t u = 0; u < st.plan().units().size(); ++u) st.release(int64_t(u));
         } else if (size_t(unit) < st.plan().units().size()) {
-          st.release(unit);
+          if (after_use) st.release_after_use(unit);
+          else st.release(unit);
         }
       },
+      [=](window_atom, bool begin) { self->state.window(begin); },
   };
 }
 

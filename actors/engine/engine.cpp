@@ -289,6 +289,8 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   spec->timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
   spec->prefetch_elements = settings.prefetch_elements;
   spec->max_live_elements = settings.max_live_elements;
+  spec->max_reuse_elements = settings.max_reuse_elements;
+  spec->forward_windows = inference;
   if (!groups.empty() && groups.front().client_step) actors::detach_client_parameters(*options.optimizer);
   std::vector<std::unique_ptr<zero::FlatParameters>> flat;
   std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels;
@@ -376,9 +378,6 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   for (const auto& hp : impl->hyperparameters()) impl->last_lrs.push_back(hp.lr);
   if (rank == 0) {
     for (const auto& warning : resolved.warnings) std::fprintf(stderr, "[tessera] config: %s\n", warning.c_str());
-    if (stage3 && resolved.zero_optimization.stage3_max_reuse_distance != config::ZeroConfig{}.stage3_max_reuse_distance)
-      std::fprintf(stderr, "[tessera] config: zero_optimization.stage3_max_reuse_distance has no effect yet: a unit is "
-                           "released after each use and gathered again (prefetched) for the next\n");
   }
   Initialized out;
   out.engine = std::make_shared<Engine>(std::move(impl));
@@ -583,6 +582,15 @@ Engine::Scope Engine::autocast() {
   auto guard = std::make_shared<actors::AutocastGuard>(impl_->settings.autocast, at::kBFloat16);
   return Scope([guard]() mutable { guard.reset(); });
 }
+Engine::Scope Engine::forward_scope() {
+  auto guard = std::make_shared<actors::AutocastGuard>(impl_->settings.autocast, at::kBFloat16);
+  auto stage3 = impl_->stage3;
+  if (stage3) stage3->begin_forward();
+  return Scope([guard, stage3]() mutable {
+    if (stage3) stage3->end_forward();
+    guard.reset();
+  });
+}
 int64_t Engine::global_steps() const { return impl_->global; }
 int64_t Engine::micro_steps() const { return impl_->micro->micro(); }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }
@@ -614,7 +622,8 @@ Stage3Stats Engine::stage3_stats() const {
                                                                     actors::buffers_atom::value));
   const auto& c = buffers.stage3;
   out.fetches = c.fetches, out.prefetched = c.prefetched, out.already_gathered = c.already_gathered;
-  out.prefetch_issued = c.prefetch_issued, out.divergences = c.divergences;
+  out.prefetch_issued = c.prefetch_issued, out.divergences = c.divergences, out.kept_for_reuse = c.kept_for_reuse;
+  out.peak_gathered_bytes = c.peak_gathered_bytes;
   out.fetch_wait_s = s.stage3->fetch_wait_s();
   return out;
 }

@@ -42,7 +42,7 @@
 // leaf_modules.h) are gathered whole; a model built in a PartitionedConstruction scope (core/zero/
 // partitioned_construction.h) is taken as its chunks. Between steps a parameter has no memory:
 // read parameters inside gathered_parameters(). Without an optimizer, initialize at stage 3 builds a
-// ZeRO inference engine (forwards only; no prefetch yet).
+// ZeRO inference engine (forwards only; each Engine::forward is a prefetch window).
 // Not yet (each refused with a clear error at initialize): offload, tensor parallelism.
 // Cross-rank contract: every rank calls backward/step the same number of times, with the same
 // accumulation boundaries, and at ZeRO-3 runs the same modules in the same order.
@@ -100,6 +100,8 @@ struct Stage3Stats {
   int64_t already_gathered = 0;  // of them: still gathered (nothing to do)
   int64_t prefetch_issued = 0;   // gathers issued ahead of demand
   int64_t divergences = 0;       // update windows that left the recorded module order
+  int64_t kept_for_reuse = 0;    // releases skipped: used again within stage3_max_reuse_distance
+  int64_t peak_gathered_bytes = 0;  // most unit storage gathered at once (persistent copies not included)
   double fetch_wait_s = 0;       // time the caller's thread waited for fetches
 };
 
@@ -143,11 +145,15 @@ class Engine {
   // Runs `fn` (the model's forward, and the loss if it is inside) under the engine's autocast:
   // CPU autocast in bf16 when torch_autocast is enabled; otherwise autocast is switched off
   // inside (the engine's own bf16/fp16 handle precision), as DeepSpeed's engine.forward does.
+  // In a ZeRO inference engine each call is one prefetch window: the first call's module order
+  // is recorded, later calls gather ahead along it (forwards outside forward() gather on demand).
   template <class F>
   decltype(auto) forward(F&& fn) {
-    Scope scope = autocast();
+    Scope scope = forward_scope();
     return std::forward<F>(fn)();
   }
+  // forward()'s state (autocast, the inference window) until the Scope ends.
+  [[nodiscard]] Scope forward_scope();
   // The autocast state of forward() until the Scope ends.
   [[nodiscard]] Scope autocast();
 

@@ -69,6 +69,7 @@ EngineSettings engine_settings(const config::Config& c) {
   s.persistence_threshold = c.zero_optimization.stage3_param_persistence_threshold.value;
   s.prefetch_elements = c.zero_optimization.stage3_prefetch_bucket_size.value;
   s.max_live_elements = c.zero_optimization.stage3_max_live_parameters;
+  s.max_reuse_elements = c.zero_optimization.stage3_max_reuse_distance;  // (validated >= 0)
   for (const auto& [key, v] : {std::pair<const char*, int64_t>{"stage3_prefetch_bucket_size", s.prefetch_elements},
                                {"stage3_max_live_parameters", s.max_live_elements}})
     if (v < 0)

@@ -38,6 +38,7 @@ struct EngineSettings {
   int64_t persistence_threshold = 100'000;
   int64_t prefetch_elements = 50'000'000;       // stage3_prefetch_bucket_size
   int64_t max_live_elements = 1'000'000'000;    // stage3_max_live_parameters
+  int64_t max_reuse_elements = 1'000'000'000;   // stage3_max_reuse_distance
   std::optional<optim::OptimizerOptions> optimizer;  // the `optimizer` section, if any
   bool bf16_optimizer_states = false;         // bf16.bf16_optimizer_states (any optimizer)
   optim::ScheduleOptions schedule;            // Constant when the config has no scheduler; its

@@ -20,12 +20,23 @@ Stage3Driver::Stage3Driver(std::shared_ptr<const EngineSpec> spec, parameter_sha
   pins_.assign(plan.units().size(), 0);
 }
 
-void Stage3Driver::release(int64_t unit) {
+void Stage3Driver::release(int64_t unit, bool after_use) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (pins_.at(size_t(unit)) > 0) return;
   }
-  caf::anon_send(shard_, release_atom::value, unit);
+  caf::anon_send(shard_, release_atom::value, unit, after_use);
+}
+
+void Stage3Driver::begin_forward() {
+  if (!spec_->forward_windows || forward_depth_++ > 0) return;
+  caf::anon_send(shard_, window_atom::value, true);
+}
+
+void Stage3Driver::end_forward() {
+  if (!spec_->forward_windows || --forward_depth_ > 0) return;
+  caf::anon_send(shard_, window_atom::value, false);
+  release_all();
 }
 
 bool Stage3Driver::pinned() {
@@ -71,7 +82,8 @@ void Stage3Driver::fetch(int64_t unit, int mode) {
 }
 
 void Stage3Driver::after_forward(int64_t unit, bool keep) {
-  if (!keep) release(unit);
+  // A training engine's forward without grad has no backward to reuse its units for: released.
+  if (!keep) release(unit, /*after_use=*/c10::GradMode::is_enabled() || spec_->forward_windows);
 }
 
 void Stage3Driver::grad_ready(int64_t param, bool reducing) {
@@ -84,7 +96,7 @@ void Stage3Driver::grad_ready(int64_t param, bool reducing) {
     const int64_t u = unit_of_[size_t(param)];
     if (u >= 0 && --missing_[size_t(u)] == 0) release = u;
   }
-  if (release >= 0) this->release(release);
+  if (release >= 0) this->release(release, /*after_use=*/true);
 }
 
 void Stage3Driver::backward_ended() {

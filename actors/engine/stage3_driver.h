@@ -4,13 +4,16 @@
 //
 //   before_forward / before_backward   fetch the unit (waits for the gather; a gathered unit is
 //                                      not gathered again)
-//   after_forward                      release it, unless the holder asks to keep it
+//   after_forward                      release it, unless the holder asks to keep it (the shard
+//                                      keeps it if it is reused soon: stage3_max_reuse_distance)
 //   grad_ready(param)                  during a reducing backward the staging takes the
 //                                      gradient; when every parameter of its unit has reported,
 //                                      the unit is released
 //   backward_ended                     releases every unit still gathered
 //   pin / unpin                        a gathered-parameters scope: fetched now, released by
 //                                      nobody until the last unpin, which waits for the release
+//   begin_forward / end_forward        ZeRO inference: Engine::forward is one prefetch window;
+//                                      its end releases everything
 // (The other releases are messages the caller does not wait for.)
 // Everything runs on the user's thread or on autograd's (the same thread on CPU), one call at a
 // time; the driver keeps only counters, and the parameter-shard owns the storage.
@@ -43,6 +46,8 @@ class Stage3Driver final : public zero::UnitListener {
   void grad_ready(int64_t param, bool reducing);
   void backward_ended();
   void release_all();
+  void begin_forward();  // (nested calls: the outermost is the window)
+  void end_forward();
   void pin(const std::vector<int64_t>& units);    // in ascending order: a collective, same on every rank
   void unpin(const std::vector<int64_t>& units);
   double fetch_wait_s() const { return wait_s_; }
@@ -50,7 +55,7 @@ class Stage3Driver final : public zero::UnitListener {
 
  private:
   void fetch(int64_t unit, int mode);  // protocol.h: 0 a scope's, 1 a forward's without grad, 2 with grad or a backward's
-  void release(int64_t unit);  // unless pinned
+  void release(int64_t unit, bool after_use = false);  // unless pinned
 
   std::shared_ptr<const EngineSpec> spec_;
   parameter_shard_actor shard_;
@@ -63,6 +68,7 @@ class Stage3Driver final : public zero::UnitListener {
   std::vector<char> reported_;     // per parameter, this backward
   std::vector<int> pins_;          // per unit: open gathered-parameters scopes holding it
   double wait_s_ = 0;              // the caller's thread waiting in fetch()
+  int forward_depth_ = 0;          // Engine::forward calls open (the user's thread)
 };
 
 }  // namespace tessera::actors

@@ -329,7 +329,8 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
     torch::Tensor ref;
     if (reference) {
       torch::NoGradGuard no_grad;
-      ref = log_probs(*reference);
+      // A ZeRO inference engine prefetches within each of its forward() calls (the first records the order).
+      ref = reference_engine ? reference_engine->forward([&] { return log_probs(*reference); }) : log_probs(*reference);
     }
     // --epochs updates on the batch: pi_old is the policy before the first (the ratio starts at 1
     // there and moves, within the clip, in the later ones).
