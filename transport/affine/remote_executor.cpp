@@ -81,7 +81,77 @@ void gather_elements(char* dst, const char* src, int64_t n, int64_t step, int64_
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * es, src + i * step * es, static_cast<size_t>(es));
 }
 
+// The store key under which a target process publishes its MemoryTable in an epoch.
+std::string memory_key(const ProcessId& p) { return "memory/" + p.job + "/" + std::to_string(p.rank); }
+
+// A target process's buffers as published for one epoch: the descriptors of its registrations
+// (UcxMemory::descriptor(), usually one: a rollout rank's weight region) and, per (transfer, plan
+// rank) it holds, the buffer's offset inside its registration. Little-endian u64 fields.
+struct MemoryTable {
+  struct Entry {
+    uint64_t offset = 0;
+    uint64_t descriptor = 0;  // index into descriptors
+  };
+  std::vector<std::vector<uint8_t>> descriptors;
+  std::map<std::pair<size_t, int>, Entry> entries;
+
+  std::vector<uint8_t> encode() const {
+    std::vector<uint8_t> out;
+    auto u64 = [&](uint64_t v) {
+      const auto* b = reinterpret_cast<const uint8_t*>(&v);
+      out.insert(out.end(), b, b + 8);
+    };
+    u64(descriptors.size());
+    for (const auto& d : descriptors) u64(d.size()), out.insert(out.end(), d.begin(), d.end());
+    u64(entries.size());
+    for (const auto& [at, e] : entries) u64(at.first), u64(static_cast<uint64_t>(at.second)), u64(e.offset), u64(e.descriptor);
+    return out;
+  }
+  static MemoryTable decode(const std::vector<uint8_t>& in, const std::string& what) {
+    MemoryTable t;
+    size_t at = 0;
+    auto u64 = [&] {
+      if (in.size() - at < 8) throw TransportError("UCX " + what + ": the published table is truncated");
+      uint64_t v = 0;
+      std::memcpy(&v, in.data() + at, 8);
+      at += 8;
+      return v;
+    };
+    for (uint64_t n = u64(); n > 0; --n) {
+      const uint64_t size = u64();
+      if (in.size() - at < size) throw TransportError("UCX " + what + ": the published table is truncated");
+      t.descriptors.emplace_back(in.begin() + at, in.begin() + at + size);
+      at += size;
+    }
+    for (uint64_t n = u64(); n > 0; --n) {
+      const uint64_t ti = u64(), rank = u64(), offset = u64(), d = u64();
+      if (d >= t.descriptors.size()) throw TransportError("UCX " + what + ": an entry names descriptor " + std::to_string(d) +
+                                                          " of " + std::to_string(t.descriptors.size()));
+      t.entries[{size_t(ti), int(rank)}] = {offset, d};
+    }
+    return t;
+  }
+};
+
 }  // namespace
+
+// Unpacked once per (process, registration) and kept: on one machine unpacking a shared-memory
+// key attaches the target's segment (shmat), and every page the next puts touch through a fresh
+// attach faults again. Re-unpacking at every sync cost 80k page faults per 327 MB and 70-160 ms of
+// store round trips (bench/sync, perf).
+const UcxRemoteKey& RemoteExecutor::remote_key(const ProcessId& target, UcxEndpoint& endpoint,
+                                               const std::vector<uint8_t>& descriptor, uint64_t epoch) {
+  auto& cached = remote_keys_[{target, descriptor}];
+  if (!cached.rkey) cached.rkey = std::make_shared<UcxRemoteKey>(endpoint, descriptor);
+  cached.last_epoch = epoch;
+  return *cached.rkey;
+}
+
+// A registration no batch has named since `epoch` is dropped (its target may have freed it).
+void RemoteExecutor::forget_remote_keys_before(uint64_t epoch) {
+  for (auto it = remote_keys_.begin(); it != remote_keys_.end();)
+    it = it->second.last_epoch < epoch ? remote_keys_.erase(it) : std::next(it);
+}
 
 RemoteExecutor::RemoteExecutor(UcxPeers& peers, std::string session, const RemoteExecutorOptions& options)
     : peers_(peers), session_(std::move(session)), options_(options) {}
@@ -170,6 +240,11 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   std::vector<std::string> published;  // this process's memory keys of this epoch
   if (reject.empty()) {
     try {
+      // One table for all of this process's target buffers (one store key, read once by each
+      // source process): every distinct registration's descriptor once, then per (transfer,
+      // plan rank) its buffer's offset inside it and the descriptor's index.
+      MemoryTable table;
+      std::map<const UcxMemory*, uint64_t> descriptor_index;
       for (size_t ti = 0; ti < batch.size(); ++ti) {
         for (const auto& [rank, buffer] : batch[ti].target_buffers) {
           const size_t bytes = static_cast<size_t>(buffer.elements * affine::element_size(buffer.dtype));
@@ -186,14 +261,14 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
             memory = std::make_shared<UcxMemory>(peers_.context(), buffer.data, bytes);
             registrations_[address] = memory;
           }
-          uint64_t offset = address - reinterpret_cast<uintptr_t>(memory->address());
-          std::vector<uint8_t> value(8);
-          std::memcpy(value.data(), &offset, 8);
-          auto descriptor = memory->descriptor();
-          value.insert(value.end(), descriptor.begin(), descriptor.end());
-          published.push_back("memory/" + std::to_string(ti) + "/" + std::to_string(rank));
-          store->set(published.back(), value);
+          auto [d, fresh] = descriptor_index.emplace(memory.get(), table.descriptors.size());
+          if (fresh) table.descriptors.push_back(memory->descriptor());
+          table.entries[{ti, rank}] = {address - reinterpret_cast<uintptr_t>(memory->address()), d->second};
         }
+      }
+      if (!table.entries.empty()) {
+        published.push_back(memory_key(me));
+        store->set(published.back(), table.encode());
       }
     } catch (const std::exception& e) {
       reject = std::string("registering target buffers failed: ") + e.what();
@@ -260,9 +335,11 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
 
   // 3. Data movement from this process's sources.
   std::map<ProcessId, uint64_t> sent_to;
+  // Target tables by process (read once in this epoch) and the remote keys they name.
+  std::map<ProcessId, MemoryTable> tables;
   struct TargetKey {
     uint64_t offset = 0;  // of the target buffer inside its registration
-    std::unique_ptr<UcxRemoteKey> rkey;
+    const UcxRemoteKey* rkey = nullptr;
   };
   std::map<std::pair<size_t, int>, TargetKey> keys;
   std::set<UcxEndpoint*> round_endpoints;
@@ -299,9 +376,16 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
       auto& ep = peers_.endpoint(target.job, target.rank);
       auto& key = keys[{ti, s.target_rank}];
       if (!key.rkey) {
-        auto value = store->get("memory/" + std::to_string(ti) + "/" + std::to_string(s.target_rank), options_.timeout);
-        std::memcpy(&key.offset, value.data(), 8);
-        key.rkey = std::make_unique<UcxRemoteKey>(ep, std::vector<uint8_t>(value.begin() + 8, value.end()));
+        auto table = tables.find(target);
+        if (table == tables.end())
+          table = tables.emplace(target, MemoryTable::decode(store->get(memory_key(target), options_.timeout),
+                                                             "target buffers of " + name_of(target))).first;
+        auto entry = table->second.entries.find({ti, s.target_rank});
+        if (entry == table->second.entries.end())
+          throw TransportError(head + ": " + name_of(target) + " published no buffer for tensor '" + plan.name +
+                               "' plan rank " + std::to_string(s.target_rank));
+        key.offset = entry->second.offset;
+        key.rkey = &remote_key(target, ep, table->second.descriptors.at(entry->second.descriptor), epoch);
       }
       if (s.shape.size() > 1 && dense_target(s)) {
         // Coalesced: the segment's rows are packed back to back into staging and each filled
@@ -389,6 +473,7 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
     for (auto& r : sends) r.wait(options_.timeout);
   }
   for (auto& r : done_receives) r.wait(options_.timeout);
+  forget_remote_keys_before(epoch - 1);
   for (auto b : done_bytes) stats.bytes_received += static_cast<int64_t>(b);
   if (stats.useful_bytes > 0)
     stats.wire_to_useful = static_cast<double>(stats.bytes_received + copied_into_me) / stats.useful_bytes;

@@ -12,8 +12,9 @@
 //      input digests, placements; reject flag; reason) in the store, and reads everyone's. One
 //      reject or one differing digest makes EVERY process throw the same
 //      affine::TransferRefusedError (built from the same votes), with no byte moved.
-//   3. Move: target buffers are registered with UCX (once per buffer; cached) and their keys
-//      published; each source process puts every innermost row of its segments straight into the
+//   3. Move: target buffers are registered with UCX (once per buffer; cached) and published as
+//      one table per target process (one store key a source reads once per batch); a source
+//      unpacks each registration's remote key once and keeps it across batches; each source process puts every innermost row of its segments straight into the
 //      target buffer (one-sided, no staging copy when the row is contiguous at both ends; a row
 //      strided at the source is packed into a staging buffer of at most `staging_bytes` first; a
 //      row strided at the target goes element by element); rows whose target is in the same
@@ -23,7 +24,8 @@
 //      target returns when every source has (its worker progresses meanwhile, as emulated RMA
 //      on one machine needs).
 // Buffers must stay alive and unchanged (sources) / untouched (targets) during `execute`, and
-// target buffers stay registered until the executor is destroyed.
+// target buffers stay registered until the executor is destroyed. The executor keeps remote keys
+// unpacked through the UcxPeers' endpoints: destroy it before them.
 //
 // Statistics per process: bytes_sent (put to other processes), bytes_received (put into this
 // process's targets by others), bytes_copied_locally, rounds, puts, and wire_bytes / useful_bytes
@@ -51,6 +53,8 @@ namespace tessera::transport {
 
 class UcxPeers;
 class UcxMemory;
+class UcxEndpoint;
+class UcxRemoteKey;
 
 // A process of some job.
 struct ProcessId {
@@ -117,6 +121,16 @@ class RemoteExecutor {
   // By base address; a target buffer uses the registration that contains it.
   std::map<uintptr_t, std::shared_ptr<UcxMemory>> registrations_;
   std::vector<char> staging_;  // packed rows strided at the source; kept from one batch to the next
+  // Remote keys of targets' registrations by (process, descriptor), kept across batches and
+  // dropped when no batch named them in the last two epochs.
+  struct CachedKey {
+    std::shared_ptr<UcxRemoteKey> rkey;
+    uint64_t last_epoch = 0;
+  };
+  std::map<std::pair<ProcessId, std::vector<uint8_t>>, CachedKey> remote_keys_;
+  const UcxRemoteKey& remote_key(const ProcessId& target, UcxEndpoint& endpoint, const std::vector<uint8_t>& descriptor,
+                                 uint64_t epoch);
+  void forget_remote_keys_before(uint64_t epoch);
 };
 
 }  // namespace tessera::transport
