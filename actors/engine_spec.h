@@ -36,6 +36,9 @@ struct EngineSpec {
   // ZeRO-3 without an optimizer (ZeRO inference): no updates end a window; each Engine::forward
   // is one (the first is recorded, later ones prefetch along it).
   bool forward_windows = false;
+  // ZeRO-3 with torch_autocast: forwards and backwards gather the lower-precision-safe groups in
+  // bf16 (half the bytes; autocast rounds those weights to bf16 anyway, so results are the same).
+  bool autocast_gathers = false;
 
   int64_t owned_partition() const { return plan->owned_partition(rank); }
   bool partitioned_gradients() const { return plan->partitioned_gradients(); }
@@ -46,6 +49,10 @@ struct EngineSpec {
   at::ScalarType comm_dtype(int64_t g) const {
     if (fp32_grad_accumulation) return at::kFloat;
     return plan->groups().at(size_t(g)).lower_precision ? at::kBFloat16 : dtype;
+  }
+  // The dtype a forward's or backward's gather of flat group g travels in at ZeRO-3.
+  at::ScalarType gather_dtype(int64_t g) const {
+    return autocast_gathers && dtype == at::kFloat && plan->groups().at(size_t(g)).lower_precision ? at::kBFloat16 : dtype;
   }
 };
 

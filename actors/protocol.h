@@ -27,7 +27,8 @@
 //                                1: a forward's without grad (in the order, prefetches nothing:
 //                                no backward follows it); 2: a forward's with grad or a
 //                                backward's (in the order; the next recorded units are gathered
-//                                ahead after the reply)
+//                                ahead after the reply); flags: kFetchAutocast (a forward under
+//                                CPU autocast), kFetchBackward (before a backward)
 //   <- release(u)                ZeRO-3: free unit u's storage (u = -1: every unit)
 //   <- writeback(units, persistent, root) -> Done  ZeRO-3: broadcast the gathered units (and with
 //                                `persistent` the persistent segments) from rank `root`, then copy
@@ -83,6 +84,11 @@ using writeback_atom = caf::atom_constant<caf::atom("writeback")>;
 using refresh_atom = caf::atom_constant<caf::atom("refresh")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;
 
+// ZeRO-3 fetch modes and flags (see fetch above).
+constexpr int kFetchScope = 0, kFetchNoGrad = 1, kFetchGrad = 2, kFetchKind = 3;
+constexpr int kFetchAutocast = 4;  // torch_autocast may gather lower-precision-safe groups in bf16
+constexpr int kFetchBackward = 8;  // bf16 only if the unit's last forward was under autocast
+
 // A reply that carries only success or the error.
 struct Done {
   std::exception_ptr error;
@@ -127,6 +133,7 @@ struct Stage3Counters {
   int64_t divergences = 0;       // windows that left the recorded order
   int64_t kept_for_reuse = 0;    // releases skipped: the unit is used again within stage3_max_reuse_distance
   int64_t peak_gathered_bytes = 0;  // most unit storage gathered at once (persistent copies not included)
+  int64_t gathered_wire_bytes = 0;  // of every gather, the whole gathered segments in their wire dtype
 };
 
 struct Buffers {

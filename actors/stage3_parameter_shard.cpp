@@ -17,6 +17,12 @@
 // inference engine has no updates: its windows are its Engine::forward calls (fetches outside one
 // are on demand), and its forwards prefetch although no backward follows.
 //
+// Precision: with torch_autocast, gathers for forwards run under CPU autocast (and for the
+// backwards of those forwards) carry lower-precision-safe groups in bf16, widened into the fp32
+// unit: the values autocast's own cast gives, so results do not change. Everything else gathers
+// exactly: gathered-parameters scopes, the persistent parameters, a forward without autocast (a
+// unit still gathered in bf16 is then gathered again).
+//
 // Reuse (stage3_max_reuse_distance): while a window follows the record, a unit released after a
 // use stays gathered if the record uses it again before that many elements of other units'
 // gathers (DeepSpeed's rule; e.g. the last block's forward and then its backward), as long as
@@ -47,6 +53,7 @@ struct Inflight {
   at::Tensor headers;                // every rank's header (W x 3)
   std::shared_ptr<transport::Work> header_work;
   std::vector<std::shared_ptr<transport::Work>> works;
+  std::vector<std::pair<at::Tensor, at::Tensor>> widen;  // (bf16 gathered segment, its fp32 target) after the works
 };
 
 struct Stage3ShardState {
@@ -58,6 +65,9 @@ struct Stage3ShardState {
   std::exception_ptr pending;          // a failure found while releasing, reported by the next request
   std::set<int64_t> abandoned_units;   // their gather failed (see complete())
   std::set<int64_t> ahead_units;       // gathered ahead, not asked for yet
+  std::set<int64_t> rounded_units;     // gathered (or on their way) in bf16 under torch_autocast
+  std::set<int64_t> autocast_forward;  // units whose last forward ran under autocast
+  bool round_ahead = false;            // prefetches in bf16 (the last fetch could take bf16)
   std::vector<Inflight> abandoned;
   // The record and where the current window is in it.
   std::vector<int64_t> trace;
@@ -77,13 +87,18 @@ struct Stage3ShardState {
     return "'" + (m.empty() ? std::string("(root)") : m) + "'";
   }
 
-  // Issues the header and the segments' gathers into `targets` (segment index, gathered view).
-  Inflight issue(int64_t unit, const std::vector<std::pair<int64_t, at::Tensor>>& targets) {
+  // Issues the header and the segments' gathers into `targets` (segment index, gathered view),
+  // each in its group's gather dtype unless `exact`.
+  Inflight issue(int64_t unit, const std::vector<std::pair<int64_t, at::Tensor>>& targets, bool exact = true) {
     Inflight f;
     f.number = ++gathers;
-    int64_t elements = 0;
-    for (const auto& t : targets) elements += t.second.numel();
-    f.expected = {unit, f.number, elements};
+    int64_t bytes = 0;
+    for (const auto& [index, gathered] : targets) {
+      const auto wire = exact ? spec->dtype : spec->gather_dtype(plan().segments()[size_t(index)].group);
+      bytes += gathered.numel() * int64_t(c10::elementSize(wire));
+    }
+    counters.gathered_wire_bytes += bytes;
+    f.expected = {unit, f.number, bytes};
     if (comm) {
       auto mine = at::tensor(f.expected, at::TensorOptions().dtype(at::kLong));
       f.headers = at::empty({int64_t(comm->size()) * 3}, mine.options());
@@ -91,8 +106,11 @@ struct Stage3ShardState {
     }
     for (const auto& [index, gathered] : targets) {
       const auto& s = plan().segments()[size_t(index)];
-      gathered.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel).copy_(params->piece(index));
-      if (comm) f.works.push_back(comm->all_gather_in_place(gathered));
+      const auto wire = exact ? spec->dtype : spec->gather_dtype(s.group);
+      auto buffer = wire == gathered.scalar_type() ? gathered : at::empty({gathered.numel()}, gathered.options().dtype(wire));
+      buffer.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel).copy_(params->piece(index));
+      if (comm) f.works.push_back(comm->all_gather_in_place(buffer));
+      if (!buffer.is_same(gathered)) f.widen.emplace_back(buffer, gathered);
     }
     return f;
   }
@@ -106,7 +124,7 @@ struct Stage3ShardState {
     std::string ranks;
     for (int r = 0; r < comm->size(); ++r)
       ranks += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " unit " + unit_name(h[r * 3]) +
-               " (its gather #" + std::to_string(h[r * 3 + 1]) + ", " + std::to_string(h[r * 3 + 2]) + " elements)";
+               " (its gather #" + std::to_string(h[r * 3 + 1]) + ", " + std::to_string(h[r * 3 + 2]) + " bytes)";
     throw Error("ZeRO-3: the data-parallel ranks gather different units at gather #" + std::to_string(f.number) + ": " +
                 ranks + ". Every rank must run the same modules in the same order; a block that routes its input "
                 "to different submodules on different ranks (mixture of experts) must be a leaf module "
@@ -127,6 +145,7 @@ struct Stage3ShardState {
         check(f);
       }
       for (auto& w : f.works) w->wait();
+      for (auto& [low, target] : f.widen) target.copy_(low);
     } catch (...) {
       abandoned_units.insert(unit);
       abandoned.push_back(std::move(f));
@@ -144,8 +163,14 @@ struct Stage3ShardState {
     return targets;
   }
 
-  void start(int64_t unit) {
-    inflight.emplace(unit, issue(unit, unit_targets(unit)));
+  // A forward's or backward's gather (in the gather dtype), or an exact one.
+  void start(int64_t unit, bool exact = false) {
+    bool rounded = false;
+    for (int64_t index : plan().units()[size_t(unit)].segments)
+      rounded = rounded || (!exact && spec->gather_dtype(plan().segments()[size_t(index)].group) != spec->dtype);
+    if (rounded) rounded_units.insert(unit);
+    else rounded_units.erase(unit);
+    inflight.emplace(unit, issue(unit, unit_targets(unit), exact));
     counters.peak_gathered_bytes = std::max(counters.peak_gathered_bytes, params->gathered_bytes());
   }
 
@@ -153,8 +178,12 @@ struct Stage3ShardState {
     if (pending) std::rethrow_exception(std::exchange(pending, nullptr));
   }
 
-  void fetch(int64_t unit, bool ordered) {
+  // mode (protocol.h): kFetchScope (outside the order, exact values), kFetchNoGrad, kFetchGrad,
+  // with the flags kFetchAutocast and kFetchBackward.
+  void fetch(int64_t unit, int mode) {
     rethrow_pending();
+    const int kind = mode & kFetchKind;
+    bool ordered = kind != kFetchScope;
     if (unit < 0 || size_t(unit) >= plan().units().size())
       throw Error("ZeRO-3: fetch of unit " + std::to_string(unit) + " of " + std::to_string(plan().units().size()));
     ++counters.fetches;
@@ -189,8 +218,21 @@ struct Stage3ShardState {
       ++counters.prefetched;
     } else if (params->gathered(unit)) {
       ++counters.already_gathered;
-    } else {
-      start(unit);
+    }
+    // bf16 will do for a forward under autocast, and for the backward of one.
+    bool bf16_ok = false;
+    if (kind != kFetchScope && (mode & kFetchBackward)) bf16_ok = autocast_forward.count(unit) > 0;
+    else if (kind != kFetchScope) {
+      bf16_ok = (mode & kFetchAutocast) != 0;
+      if (bf16_ok) autocast_forward.insert(unit);
+      else autocast_forward.erase(unit);
+    }
+    round_ahead = bf16_ok;
+    if (!params->gathered(unit)) {
+      start(unit, /*exact=*/!bf16_ok);
+      complete(unit);
+    } else if (!bf16_ok && rounded_units.count(unit)) {  // gathered in bf16, wanted exact: again
+      start(unit, /*exact=*/true);
       complete(unit);
     }
   }
@@ -208,7 +250,7 @@ struct Stage3ShardState {
       // At least one unit ahead whatever its size (as DeepSpeed), then within the bucket.
       if ((ahead > 0 && ahead + numel(u) > spec->prefetch_elements) || live + numel(u) > spec->max_live_elements) break;
       try {
-        start(u);
+        start(u, /*exact=*/!round_ahead);
       } catch (...) {
         pending = std::current_exception();
         return;
@@ -261,6 +303,7 @@ struct Stage3ShardState {
   void release(int64_t unit) {
     if (abandoned_units.count(unit)) return;
     ahead_units.erase(unit);
+    rounded_units.erase(unit);
     if (inflight.count(unit)) {
       try {
         complete(unit);
@@ -372,7 +415,7 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
         auto promise = self->make_response_promise<Done>();
         Done done;
         try {
-          st.fetch(unit, mode > 0);
+          st.fetch(unit, mode);
         } catch (...) {
           done.error = std::current_exception();
         }

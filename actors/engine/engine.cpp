@@ -291,6 +291,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   spec->max_live_elements = settings.max_live_elements;
   spec->max_reuse_elements = settings.max_reuse_elements;
   spec->forward_windows = inference;
+  spec->autocast_gathers = stage3 && settings.autocast;
   if (!groups.empty() && groups.front().client_step) actors::detach_client_parameters(*options.optimizer);
   std::vector<std::unique_ptr<zero::FlatParameters>> flat;
   std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels;
@@ -623,7 +624,7 @@ Stage3Stats Engine::stage3_stats() const {
   const auto& c = buffers.stage3;
   out.fetches = c.fetches, out.prefetched = c.prefetched, out.already_gathered = c.already_gathered;
   out.prefetch_issued = c.prefetch_issued, out.divergences = c.divergences, out.kept_for_reuse = c.kept_for_reuse;
-  out.peak_gathered_bytes = c.peak_gathered_bytes;
+  out.peak_gathered_bytes = c.peak_gathered_bytes, out.gathered_wire_bytes = c.gathered_wire_bytes;
   out.fetch_wait_s = s.stage3->fetch_wait_s();
   return out;
 }

@@ -32,7 +32,8 @@
 // accumulate across micro-steps in the model's dtype (DeepSpeed's default), or in an fp32
 // buffer that is reduced in fp32 with data_types.grad_accum_dtype = "fp32".
 // torch_autocast runs forward() under CPU autocast in bf16 (fp32 weights) and reduces the
-// gradients of lower_precision_safe_modules in bf16 (actors/autocast.h).
+// gradients of lower_precision_safe_modules in bf16 (actors/autocast.h); at stage 3 it gathers
+// their units in bf16 for forwards under autocast (the values autocast's cast gives anyway).
 // Parameter groups (param_group.h) or a client torch::optim optimizer give per-group settings.
 // ZeRO-3 (stage 3): every module that owns parameters is a unit (core/zero/unit_layout.h), held
 // by a tessera::Unit holder (core/zero/unit_holder.h) or an entry of a stock torch::nn::Sequential
@@ -102,6 +103,8 @@ struct Stage3Stats {
   int64_t divergences = 0;       // update windows that left the recorded module order
   int64_t kept_for_reuse = 0;    // releases skipped: used again within stage3_max_reuse_distance
   int64_t peak_gathered_bytes = 0;  // most unit storage gathered at once (persistent copies not included)
+  int64_t gathered_wire_bytes = 0;  // of every gather: the gathered segments in their wire dtype (bf16
+                                    // for lower-precision-safe modules under torch_autocast)
   double fetch_wait_s = 0;       // time the caller's thread waited for fetches
 };
 

@@ -1,5 +1,7 @@
 #include "actors/engine/stage3_driver.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
 
 #include "actors/ask.h"
@@ -52,7 +54,7 @@ void Stage3Driver::pin(const std::vector<int64_t>& units) {
       std::lock_guard<std::mutex> lock(mutex_);
       ++pins_.at(size_t(u));
     }
-    fetch(u, 0);
+    fetch(u, kFetchScope);
   }
 }
 
@@ -69,6 +71,8 @@ void Stage3Driver::unpin(const std::vector<int64_t>& units) {
   // are handled in order, so this round trip comes after the releases.)
   (void)ask<Buffers>(shard_, bound_, "ZeRO-3: the parameter-shard (ending a gathered-parameters scope)", buffers_atom::value);
 }
+
+bool Stage3Driver::autocast_enabled() { return at::autocast::is_cpu_enabled(); }
 
 void Stage3Driver::fetch(int64_t unit, int mode) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -39,9 +39,11 @@ class Stage3Driver final : public zero::UnitListener {
                std::shared_ptr<UnitGradStaging> staging, std::chrono::milliseconds bound);
 
   // A forward without grad prefetches nothing: no backward follows it (an eval leaves nothing gathered).
-  void before_forward(int64_t unit) override { fetch(unit, c10::GradMode::is_enabled() ? 2 : 1); }
+  void before_forward(int64_t unit) override {
+    fetch(unit, (c10::GradMode::is_enabled() ? kFetchGrad : kFetchNoGrad) | (autocast_enabled() ? kFetchAutocast : 0));
+  }
   void after_forward(int64_t unit, bool keep) override;
-  void before_backward(int64_t unit) override { fetch(unit, 2); }
+  void before_backward(int64_t unit) override { fetch(unit, kFetchGrad | kFetchBackward); }
 
   void grad_ready(int64_t param, bool reducing);
   void backward_ended();
@@ -54,7 +56,8 @@ class Stage3Driver final : public zero::UnitListener {
   bool pinned();  // some gathered-parameters scope is open
 
  private:
-  void fetch(int64_t unit, int mode);  // protocol.h: 0 a scope's, 1 a forward's without grad, 2 with grad or a backward's
+  void fetch(int64_t unit, int mode);  // protocol.h: kFetchScope, kFetchNoGrad, kFetchGrad, and flags
+  static bool autocast_enabled();      // LibTorch's CPU autocast, on this thread
   void release(int64_t unit, bool after_use = false);  // unless pinned
 
   std::shared_ptr<const EngineSpec> spec_;

@@ -1,7 +1,9 @@
 // torch_autocast: forward under LibTorch's CPU autocast in bf16 with fp32 weights, and the
 // gradients of lower_precision_safe_modules (Linear by default) reduced in bf16, against a
 // single-process oracle that runs each rank's forward under autocast itself and rounds those
-// gradients to bf16 before and after averaging (Gloo sums bf16 in fp32 and rounds once).
+// gradients to bf16 before and after averaging (Gloo sums bf16 in fp32 and rounds once). At
+// stage 3 the Linear units are gathered in bf16 for forwards under autocast (fewer bytes, the
+// same results) and exactly for anything else.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
@@ -22,7 +24,8 @@ tessera::nn::GptConfig small_gpt() { return small_gpt_config(31); }
 std::string config(int stage, bool autocast) {
   std::string c = "train_micro_batch_size_per_gpu = " + std::to_string(8 / kWorld) +
                   "\n[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 3e-3\nweight_decay = 0.01\n"
-                  "[zero_optimization]\nstage = " + std::to_string(stage) + "\nreduce_bucket_size = 4000\n";
+                  "[zero_optimization]\nstage = " + std::to_string(stage) + "\nreduce_bucket_size = 4000\n"
+                  "stage3_param_persistence_threshold = 100\n";
   if (autocast) c += "[torch_autocast]\nenabled = true\ndtype = \"bfloat16\"\n";
   return c;
 }
@@ -94,12 +97,12 @@ TEST_CASE("Linear modules are the lower-precision-safe ones; names in DeepSpeed'
   for (size_t i = 0; i < names.size(); ++i) CHECK(ln[i] == (names[i].find("ln_") != std::string::npos));
 }
 
-TEST_CASE("Autocast training equals the oracle at stages 0/1/2; fp32 reduction of Linear grads does not",
+TEST_CASE("Autocast training equals the oracle at stages 0/1/2/3; fp32 reduction of Linear grads does not",
           "[engine][autocast]") {
   const int steps = 4;
   const auto expected = oracle(steps, true);
   const auto control = oracle(steps, false);
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     INFO("stage " << stage);
     tessera::nn::TinyGpt model(small_gpt());
     auto engine =
@@ -112,10 +115,20 @@ TEST_CASE("Autocast training equals the oracle at stages 0/1/2; fp32 reduction o
         return rank_loss(model, step, kRank);
       });
       CHECK_FALSE(at::autocast::is_cpu_enabled());
+      if (stage == 3 && step > 0) {
+        // lm_head stays gathered for its backward (stage3_max_reuse_distance), in bf16 values.
+        const auto w = model.module()->named_parameters()["lm_head.weight"];
+        REQUIRE(w.storage().nbytes() > 0);
+        CHECK(torch::equal(w, w.to(torch::kBFloat16).to(torch::kFloat)));
+      }
       engine->backward(loss);
       engine->step();
     }
-    const auto got = snapshot_parameters(*model.module());
+    std::map<std::string, torch::Tensor> got;
+    {
+      auto gathered = engine->gathered_parameters();  // stage 3: exact values, not the bf16 ones
+      got = snapshot_parameters(*model.module());
+    }
     expect_same_parameters(got, expected);
     // Negative control: with more than one rank, reducing the Linear gradients in fp32 gives other bits.
     if (kWorld == 2) {
@@ -124,6 +137,44 @@ TEST_CASE("Autocast training equals the oracle at stages 0/1/2; fp32 reduction o
       CHECK(differs);
     }
   }
+}
+
+TEST_CASE("Stage 3 gathers Linear units in bf16 only for forwards under autocast and their backwards",
+          "[engine][autocast]") {
+  auto run = [](bool autocast, bool with_plain_forward) {
+    tessera::nn::TinyGpt model(small_gpt());
+    auto engine = tessera::initialize(model.module(), tessera::config::load_config_text(config(3, autocast),
+                                                                                       tessera::config::Format::toml, "a"))
+                      .engine;
+    for (int step = 0; step < 3; ++step) {
+      auto loss = engine->forward([&] { return rank_loss(model, step, kRank); });
+      if (with_plain_forward && step == 2) {
+        // A no-grad forward without autocast between the forward and its backward: lm_head, still
+        // gathered in bf16 for that backward, is gathered again exactly (logits as a plain model's).
+        std::map<std::string, torch::Tensor> weights;
+        {
+          auto gathered = engine->gathered_parameters();
+          weights = snapshot_parameters(*model.module());
+        }
+        tessera::nn::TinyGpt plain(small_gpt());
+        {
+          torch::NoGradGuard no_grad;
+          for (auto& item : plain.module()->named_parameters()) item.value().copy_(weights.at(item.key()));
+          auto b = corpus().batch(3, 9, 0, 8, 16, kRank, kWorld);
+          CHECK(torch::equal(model.forward(b.tokens), plain.forward(b.tokens)));
+        }
+      }
+      engine->backward(loss);
+      engine->step();
+    }
+    return engine->stage3_stats();
+  };
+  const auto fp32 = run(false, false), bf16 = run(true, false);
+  INFO("gathered wire bytes: without autocast " << fp32.gathered_wire_bytes << ", with " << bf16.gathered_wire_bytes);
+  CHECK(fp32.fetches == bf16.fetches);
+  CHECK(bf16.gathered_wire_bytes < fp32.gathered_wire_bytes * 3 / 4);  // the Linear units are most of the model
+  CHECK(bf16.gathered_wire_bytes > fp32.gathered_wire_bytes / 2);      // the embeddings still travel in fp32
+  run(true, true);
 }
 
 TEST_CASE("Without torch_autocast, forward() switches an outer autocast off inside", "[engine][autocast]") {
