@@ -89,7 +89,9 @@ struct Stage3ShardState {
 
   // Issues the header and the segments' gathers into `targets` (segment index, gathered view),
   // each in its group's gather dtype unless `exact`.
-  Inflight issue(int64_t unit, const std::vector<std::pair<int64_t, at::Tensor>>& targets, bool exact = true) {
+  // A write-back's header carries its modifier rank where a gather's carries its bytes.
+  Inflight issue(int64_t unit, const std::vector<std::pair<int64_t, at::Tensor>>& targets, bool exact = true,
+                 int64_t root = -1) {
     Inflight f;
     f.number = ++gathers;
     int64_t bytes = 0;
@@ -98,7 +100,7 @@ struct Stage3ShardState {
       bytes += gathered.numel() * int64_t(c10::elementSize(wire));
     }
     counters.gathered_wire_bytes += bytes;
-    f.expected = {unit, f.number, bytes};
+    f.expected = {unit, f.number, unit == kWriteback ? root : bytes};
     if (comm) {
       auto mine = at::tensor(f.expected, at::TensorOptions().dtype(at::kLong));
       f.headers = at::empty({int64_t(comm->size()) * 3}, mine.options());
@@ -121,10 +123,21 @@ struct Stage3ShardState {
     for (int r = 0; r < comm->size(); ++r)
       for (int k = 0; k < 3; ++k) same = same && h[r * 3 + k] == f.expected[size_t(k)];
     if (same) return;
+    bool writebacks = true;
+    std::string roots;
+    for (int r = 0; r < comm->size(); ++r) {
+      writebacks = writebacks && h[r * 3] == kWriteback;
+      roots += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " names " + std::to_string(h[r * 3 + 2]);
+    }
+    if (writebacks)
+      throw Error("ZeRO-3: the ranks end a gathered-parameters scope with different modifier ranks (" + roots +
+                  "); every rank must pass the same modifier_rank");
     std::string ranks;
     for (int r = 0; r < comm->size(); ++r)
       ranks += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " unit " + unit_name(h[r * 3]) +
-               " (its gather #" + std::to_string(h[r * 3 + 1]) + ", " + std::to_string(h[r * 3 + 2]) + " bytes)";
+               " (its gather #" + std::to_string(h[r * 3 + 1]) + ", " +
+               (h[r * 3] == kWriteback ? "modifier rank " + std::to_string(h[r * 3 + 2])
+                                       : std::to_string(h[r * 3 + 2]) + " bytes") + ")";
     throw Error("ZeRO-3: the data-parallel ranks gather different units at gather #" + std::to_string(f.number) + ": " +
                 ranks + ". Every rank must run the same modules in the same order; a block that routes its input "
                 "to different submodules on different ranks (mixture of experts) must be a leaf module "
@@ -333,7 +346,7 @@ struct Stage3ShardState {
       return;
     }
     if (comm) {
-      Inflight f = issue(kWriteback, {});  // the header only: every rank is at a write-back
+      Inflight f = issue(kWriteback, {}, true, root);  // the header only: every rank at a write-back from `root`
       f.header_work->wait();
       check(f);
       std::vector<std::shared_ptr<transport::Work>> works;

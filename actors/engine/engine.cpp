@@ -68,6 +68,11 @@ struct Engine::Impl {
       throw Error(std::string(what) + ": this is a ZeRO inference engine (initialize without an optimizer): it runs "
                   "forwards only; give the config an `optimizer` section to train");
   }
+  // A failure found where nothing could raise it (a Scope's destructor), raised by the next call.
+  std::exception_ptr pending;
+  void rethrow_pending() {
+    if (pending) std::rethrow_exception(std::exchange(pending, nullptr));
+  }
   std::unique_ptr<zero::GradReadyHooks> hooks;
   std::unique_ptr<actors::MicroSteps> micro;
   std::vector<double> last_lrs;  // of the last update
@@ -398,6 +403,7 @@ void Engine::backward(const at::Tensor& loss) {
 
 at::Tensor Engine::scale(const at::Tensor& loss) {
   auto& s = *impl_;
+  s.rethrow_pending();
   s.refuse_in_inference("backward");
   if (!s.gradients_attached())
     throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
@@ -411,6 +417,7 @@ at::Tensor Engine::scale(const at::Tensor& loss) {
 
 void Engine::step() {
   auto& s = *impl_;
+  s.rethrow_pending();
   s.refuse_in_inference("step");
   if (s.stage3 && s.stage3->pinned())
     throw Error("step: called inside gathered_parameters(); end the scope first (the gathered copies would not see "
@@ -469,6 +476,7 @@ Engine::Scope Engine::coalesce_grad_reduction() {
 
 void Engine::for_each_gathered_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f) const {
   auto& s = *impl_;
+  s.rethrow_pending();
   auto params = s.module->named_parameters();
   if (!s.stage3) {
     for (const auto& name : s.names) f(name, params[name].detach());
@@ -490,6 +498,7 @@ void Engine::empty_partition_cache() {
 
 Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names, int modifier_rank) const {
   auto* s = impl_.get();
+  s->rethrow_pending();
   if (modifier_rank >= s->spec->world || modifier_rank < -1)
     throw Error("gathered_parameters: modifier rank " + std::to_string(modifier_rank) + " outside [0, " +
                 std::to_string(s->spec->world) + ")");
@@ -520,28 +529,35 @@ Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names,
     if ((seg.unit >= 0 && std::find(units.begin(), units.end(), seg.unit) != units.end()) || (seg.persistent() && persistent))
       ranges.insert(ranges.end(), {seg.group, seg.partition_offset, seg.layout.partition_numel});
   return Scope([s, units, persistent, modifier_rank, ranges] {
-    // A destructor cannot throw: a failed write-back is reported and the engine left as it is.
     // Without a modifier rank nothing is written back, and the persistent copies (always
-    // gathered, so changed in place) are gathered again from the partitions.
+    // gathered, so changed in place) are gathered again from the partitions. A write-back that
+    // fails (ranks naming different modifier ranks, a timeout) changed no partition: the
+    // persistent copies are gathered again, the units released, and the error raised by close()
+    // or kept for the engine's next call.
+    auto writeback = [&](const std::vector<int64_t>& which, bool with_persistent, int root) {
+      actors::checked(actors::ask<actors::Done>(s->parameter_shard, s->bound(), "gathered_parameters: the parameter-shard",
+                                                actors::writeback_atom::value, which, with_persistent, root));
+    };
     try {
       if (modifier_rank < 0) {
-        if (persistent)
-          actors::checked(actors::ask<actors::Done>(s->parameter_shard, s->bound(), "gathered_parameters: the parameter-shard",
-                                                    actors::writeback_atom::value, std::vector<int64_t>{}, true, -1));
-        s->stage3->unpin(units);
-        return;
+        if (persistent) writeback({}, true, -1);
+      } else {
+        writeback(units, persistent, modifier_rank);
+        if (s->optimizer_shard)
+          actors::checked(actors::ask<actors::Done>(s->optimizer_shard, s->bound(), "gathered_parameters: the optimizer-shard",
+                                                    actors::refresh_atom::value, ranges));
       }
-      actors::checked(actors::ask<actors::Done>(s->parameter_shard, s->bound(), "gathered_parameters: the parameter-shard",
-                                                actors::writeback_atom::value, units, persistent, modifier_rank));
-      if (s->optimizer_shard)
-        actors::checked(actors::ask<actors::Done>(s->optimizer_shard, s->bound(), "gathered_parameters: the optimizer-shard",
-                                                  actors::refresh_atom::value, ranges));
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "[tessera] gathered_parameters: writing back the changes of rank %d failed: %s\n",
-                   modifier_rank, e.what());
+      try {
+        if (persistent) writeback({}, true, -1);
+      } catch (...) {
+      }
+      s->stage3->unpin(units);
+      throw Error("gathered_parameters: writing back the changes of modifier rank " + std::to_string(modifier_rank) +
+                  " failed; nothing was changed: " + e.what());
     }
     s->stage3->unpin(units);
-  });
+  }, [s](std::exception_ptr error) { s->pending = std::move(error); });
 }
 
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->micro->boundary(); }
@@ -584,6 +600,7 @@ Engine::Scope Engine::autocast() {
   return Scope([guard]() mutable { guard.reset(); });
 }
 Engine::Scope Engine::forward_scope() {
+  impl_->rethrow_pending();
   auto guard = std::make_shared<actors::AutocastGuard>(impl_->settings.autocast, at::kBFloat16);
   auto stage3 = impl_->stage3;
   if (stage3) stage3->begin_forward();

@@ -56,6 +56,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <exception>
 #include <utility>
 #include <vector>
 
@@ -126,19 +127,33 @@ struct InitializeOptions {
 
 class Engine {
  public:
-  // Ends a no_sync() or coalesce_grad_reduction() block when it goes out of scope.
+  // Ends a no_sync(), coalesce_grad_reduction() or gathered_parameters() block when it goes out
+  // of scope, or at close(), which raises what ending it raised (a gathered-parameters write-back
+  // that failed). A destructor cannot raise: the engine raises that error at its next call.
   class Scope {
    public:
-    Scope(Scope&& other) noexcept : on_exit_(std::move(other.on_exit_)) { other.on_exit_ = nullptr; }
+    Scope(Scope&& other) noexcept : on_exit_(std::move(other.on_exit_)), keep_error_(std::move(other.keep_error_)) {
+      other.on_exit_ = nullptr;
+    }
     Scope& operator=(Scope&&) = delete;
     ~Scope() {
-      if (on_exit_) on_exit_();
+      try {
+        if (on_exit_) on_exit_();
+      } catch (...) {
+        if (keep_error_) keep_error_(std::current_exception());
+      }
+    }
+    void close() {
+      auto exit = std::exchange(on_exit_, nullptr);
+      if (exit) exit();
     }
 
    private:
     friend class Engine;
-    explicit Scope(std::function<void()> on_exit) : on_exit_(std::move(on_exit)) {}
+    explicit Scope(std::function<void()> on_exit, std::function<void(std::exception_ptr)> keep_error = nullptr)
+        : on_exit_(std::move(on_exit)), keep_error_(std::move(keep_error)) {}
     std::function<void()> on_exit_;
+    std::function<void(std::exception_ptr)> keep_error_;  // for the engine's next call
   };
 
   ~Engine();

@@ -86,3 +86,24 @@ TEST_CASE("A modifier rank's changes reach every rank's partitions and masters; 
   auto engine = make(model, false);
   CHECK_THROWS_WITH(engine->gathered_parameters({}, kWorld), Catch::Contains("modifier rank"));
 }
+
+TEST_CASE("Ranks naming different modifier ranks get an error from close() or the next call; nothing changes",
+          "[writeback]") {
+  if (kWorld < 2) return;  // one rank cannot disagree with itself
+  tessera::nn::TinyGpt model(small_gpt_config(8)), oracle(small_gpt_config(8));
+  auto engine = make(model, false);
+  auto oracle_engine = make(oracle, false);
+  {
+    auto scope = engine->gathered_parameters({"lm_head.weight", "ln_f.weight"}, kRank);  // every rank names itself
+    change(*model.module(), true);
+    CHECK_THROWS_WITH(scope.close(), Catch::Contains("different modifier ranks") && Catch::Contains("rank 1 names 1") &&
+                                         Catch::Contains("nothing was changed"));
+  }
+  {
+    auto scope = engine->gathered_parameters({"lm_head.weight", "ln_f.weight"}, kRank);
+    change(*model.module(), true);
+  }  // the destructor cannot raise: the next call does, once
+  CHECK_THROWS_WITH(engine->gathered_parameters(), Catch::Contains("different modifier ranks"));
+  // Nothing was changed (partitions, masters, persistent copies): training equals the untouched oracle's.
+  expect_same_parameters(train(model, *engine), train(oracle, *oracle_engine));
+}
