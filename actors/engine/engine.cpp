@@ -1,5 +1,7 @@
 #include "actors/engine/engine.h"
 
+#include "actors/engine/engine_impl.h"
+
 #include <caf/all.hpp>
 #include <torch/nn/module.h>
 
@@ -40,98 +42,6 @@
 #include "transport/store.h"
 
 namespace tessera {
-
-using actors::ResolvedGroup;
-
-struct Engine::Impl {
-  std::shared_ptr<torch::nn::Module> module;
-  config::Config config;
-  actors::EngineSettings settings;
-  std::shared_ptr<const actors::EngineSpec> spec;
-  std::vector<ResolvedGroup> groups;          // the user's parameter groups
-  std::vector<optim::LrSchedule> schedules;   // per parameter group
-  std::optional<optim::LossScaler> scaler;    // fp16
-  std::vector<std::string> names;             // trainable parameters' dotted names, model order
-  // Stages 0/1: each parameter's .grad must stay a view of the reducer's gradient buffer at this
-  // address (a handle check on the user's thread; the buffer is the reducer's).
-  std::vector<std::pair<at::Tensor, const void*>> grad_views;
-  actors::gradient_reducer_actor reducer;
-  actors::parameter_shard_actor parameter_shard;
-  actors::optimizer_shard_actor optimizer_shard;
-  std::shared_ptr<actors::BucketStaging> staging;  // partitioned gradients
-  std::shared_ptr<actors::UnitGradStaging> unit_staging;  // ZeRO-3
-  std::shared_ptr<actors::Stage3Driver> stage3;           // ZeRO-3: the units' listener
-  std::unique_ptr<zero::SequentialUnits> sequential_units;  // ZeRO-3: swapped Sequential entries (put back last)
-  bool inference = false;  // ZeRO inference: no optimizer, no reducer, no hooks; forwards only
-  void refuse_in_inference(const char* what) const {
-    if (inference)
-      throw Error(std::string(what) + ": this is a ZeRO inference engine (initialize without an optimizer): it runs "
-                  "forwards only; give the config an `optimizer` section to train");
-  }
-  // A failure found where nothing could raise it (a Scope's destructor), raised by the next call.
-  std::exception_ptr pending;
-  void rethrow_pending() {
-    if (pending) std::rethrow_exception(std::exchange(pending, nullptr));
-  }
-  std::unique_ptr<zero::GradReadyHooks> hooks;
-  std::unique_ptr<actors::MicroSteps> micro;
-  std::vector<double> last_lrs;  // of the last update
-  int64_t global = 0, skipped = 0;
-  double last_grad_norm = -1;
-  StepTiming timing;
-
-  std::chrono::milliseconds bound() const {  // for requests whose collectives have their own timeouts
-    return 3 * spec->timeout + std::chrono::seconds(10);
-  }
-  // DeepSpeed steps the scheduler only after updates that were not skipped.
-  int64_t last_batch_iteration() const { return global - skipped - 1 + settings.schedule_offset; }
-  // The hyperparameters of the next update, per parameter group.
-  std::vector<optim::StepHyperparameters> hyperparameters() const {
-    std::vector<optim::StepHyperparameters> out;
-    for (size_t g = 0; g < schedules.size(); ++g) {  // (none in ZeRO inference)
-      const auto& o = groups[g].options;
-      optim::StepHyperparameters hp{o.lr, o.beta1, o.beta2};
-      const auto v = schedules[g].at(last_batch_iteration());
-      hp.lr = v.lr;
-      if (v.beta1) hp.beta1 = *v.beta1;
-      if (v.beta2) hp.beta2 = *v.beta2;
-      out.push_back(hp);
-    }
-    return out;
-  }
-  bool gradients_attached() const {
-    for (const auto& [p, expected] : grad_views) {
-      const auto& g = p.grad();
-      if (!g.defined() || g.data_ptr() != expected || !g.is_contiguous()) return false;
-    }
-    return true;
-  }
-  // Whether gradients go to the reducer at all: across ranks, and at ZeRO-3 always (one rank's
-  // gradients must still move from the units into the partition).
-  bool reduces_gradients() const { return spec->world > 1 || stage3; }
-  // A reduction starts: the reducer (and the staging) learn of it before any gradient arrives.
-  void start_reduction() {
-    micro->start_reduction();
-    if (!reduces_gradients()) return;
-    if (staging) staging->start();
-    if (unit_staging) unit_staging->start();
-    caf::anon_send(reducer, actors::begin_atom::value);
-  }
-  // The end of a reducing backward: with partitioned gradients everything autograd did not report
-  // (unused here, or accumulated in no_sync) is staged too; then every bucket is issued.
-  void end_reduction() {
-    if (staging) staging->take_rest();
-    if (unit_staging) unit_staging->take_rest();
-    caf::anon_send(reducer, actors::flush_atom::value);
-  }
-  ~Impl() {
-    hooks.reset();  // disarm before the actors go
-    if (stage3) zero::unregister_units(stage3.get());
-    if (reducer) caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
-    if (parameter_shard) caf::anon_send_exit(parameter_shard, caf::exit_reason::user_shutdown);
-    if (optimizer_shard) caf::anon_send_exit(optimizer_shard, caf::exit_reason::user_shutdown);
-  }
-};
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
@@ -474,92 +384,6 @@ Engine::Scope Engine::coalesce_grad_reduction() {
   });
 }
 
-void Engine::for_each_gathered_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f) const {
-  auto& s = *impl_;
-  s.rethrow_pending();
-  auto params = s.module->named_parameters();
-  if (!s.stage3) {
-    for (const auto& name : s.names) f(name, params[name].detach());
-    return;
-  }
-  const auto& plan = *s.spec->plan;
-  for (size_t u = 0; u < plan.units().size(); ++u) {
-    s.stage3->pin({int64_t(u)});
-    Scope release([&s, u] { s.stage3->unpin({int64_t(u)}); });
-    for (int64_t i : plan.units()[u].params) f(s.names[size_t(i)], params[s.names[size_t(i)]].detach());
-  }
-  for (size_t i = 0; i < s.names.size(); ++i)
-    if (plan.persistent(int64_t(i))) f(s.names[i], params[s.names[i]].detach());
-}
-
-void Engine::empty_partition_cache() {
-  if (impl_->stage3) impl_->stage3->release_all();
-}
-
-Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names, int modifier_rank) const {
-  auto* s = impl_.get();
-  s->rethrow_pending();
-  if (modifier_rank >= s->spec->world || modifier_rank < -1)
-    throw Error("gathered_parameters: modifier rank " + std::to_string(modifier_rank) + " outside [0, " +
-                std::to_string(s->spec->world) + ")");
-  if (!s->stage3) return Scope([] {});
-  const auto& plan = *s->spec->plan;
-  std::vector<int64_t> units;
-  bool persistent = names.empty();  // a persistent parameter was named (every one with no names)
-  if (names.empty()) {
-    for (size_t u = 0; u < plan.units().size(); ++u) units.push_back(int64_t(u));
-  } else {
-    std::vector<char> wanted(plan.units().size(), 0);
-    for (const auto& name : names) {
-      const auto it = std::find(s->names.begin(), s->names.end(), name);
-      if (it == s->names.end()) throw Error("gathered_parameters: the model has no trainable parameter '" + name + "'");
-      const auto [segment, index] = plan.segment_place(int64_t(it - s->names.begin()));
-      (void)index;
-      const int64_t unit = plan.segments().at(size_t(segment)).unit;
-      if (unit >= 0) wanted[size_t(unit)] = 1;  // a persistent parameter is always gathered
-      else persistent = true;
-    }
-    for (size_t u = 0; u < wanted.size(); ++u)
-      if (wanted[u]) units.push_back(int64_t(u));
-  }
-  s->stage3->pin(units);
-  // The partition ranges the write-back changes: the units' pieces (and the persistent ones).
-  std::vector<int64_t> ranges;
-  for (const auto& seg : plan.segments())
-    if ((seg.unit >= 0 && std::find(units.begin(), units.end(), seg.unit) != units.end()) || (seg.persistent() && persistent))
-      ranges.insert(ranges.end(), {seg.group, seg.partition_offset, seg.layout.partition_numel});
-  return Scope([s, units, persistent, modifier_rank, ranges] {
-    // Without a modifier rank nothing is written back, and the persistent copies (always
-    // gathered, so changed in place) are gathered again from the partitions. A write-back that
-    // fails (ranks naming different modifier ranks, a timeout) changed no partition: the
-    // persistent copies are gathered again, the units released, and the error raised by close()
-    // or kept for the engine's next call.
-    auto writeback = [&](const std::vector<int64_t>& which, bool with_persistent, int root) {
-      actors::checked(actors::ask<actors::Done>(s->parameter_shard, s->bound(), "gathered_parameters: the parameter-shard",
-                                                actors::writeback_atom::value, which, with_persistent, root));
-    };
-    try {
-      if (modifier_rank < 0) {
-        if (persistent) writeback({}, true, -1);
-      } else {
-        writeback(units, persistent, modifier_rank);
-        if (s->optimizer_shard)
-          actors::checked(actors::ask<actors::Done>(s->optimizer_shard, s->bound(), "gathered_parameters: the optimizer-shard",
-                                                    actors::refresh_atom::value, ranges));
-      }
-    } catch (const std::exception& e) {
-      try {
-        if (persistent) writeback({}, true, -1);
-      } catch (...) {
-      }
-      s->stage3->unpin(units);
-      throw Error("gathered_parameters: writing back the changes of modifier rank " + std::to_string(modifier_rank) +
-                  " failed; nothing was changed: " + e.what());
-    }
-    s->stage3->unpin(units);
-  }, [s](std::exception_ptr error) { s->pending = std::move(error); });
-}
-
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->micro->boundary(); }
 double Engine::get_lr(size_t group) const {
   if (group >= impl_->groups.size())
@@ -616,45 +440,6 @@ double Engine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale(
 double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
 StepTiming Engine::last_step_timing() const { return impl_->timing; }
 
-EngineMemory Engine::memory() const {
-  auto& s = *impl_;
-  EngineMemory m;
-  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "memory: the parameter-shard",
-                                                                    actors::buffers_atom::value));
-  for (const auto& b : buffers.tensors) m.parameters += int64_t(b.numel() * b.element_size());
-  m.parameters += buffers.gathered_bytes;
-  if (s.inference) return m;
-  m.gradients = actors::ask<int64_t>(s.reducer, s.bound(), "memory: the gradient-reducer", actors::memory_atom::value);
-  const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
-                                                                           "memory: the optimizer-shard", actors::states_atom::value));
-  m.master = states.master_bytes;
-  m.optimizer_states = states.state_bytes;
-  return m;
-}
-
-Stage3Stats Engine::stage3_stats() const {
-  auto& s = *impl_;
-  Stage3Stats out;
-  if (!s.stage3) return out;
-  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "stage3_stats: the parameter-shard",
-                                                                    actors::buffers_atom::value));
-  const auto& c = buffers.stage3;
-  out.fetches = c.fetches, out.prefetched = c.prefetched, out.already_gathered = c.already_gathered;
-  out.prefetch_issued = c.prefetch_issued, out.divergences = c.divergences, out.kept_for_reuse = c.kept_for_reuse;
-  out.peak_gathered_bytes = c.peak_gathered_bytes, out.gathered_wire_bytes = c.gathered_wire_bytes;
-  out.fetch_wait_s = s.stage3->fetch_wait_s();
-  return out;
-}
-
-EngineStorage Engine::storage_maps() const {
-  auto& s = *impl_;
-  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "storage_maps: the parameter-shard",
-                                                                    actors::buffers_atom::value));
-  if (s.inference) return actors::describe_storage(*s.spec, buffers, actors::OptimizerStates{});  // weights only
-  const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
-                                                                           "storage_maps: the optimizer-shard", actors::states_atom::value));
-  return actors::describe_storage(*s.spec, buffers, states);
-}
 void Engine::train() { impl_->module->train(true); }
 void Engine::eval() { impl_->module->eval(); }
 std::shared_ptr<torch::nn::Module> Engine::module() const { return impl_->module; }

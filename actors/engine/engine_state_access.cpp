@@ -1,0 +1,140 @@
+// Engine calls that read or gather the state its actors own: ZeRO-3's gathered-parameters scopes
+// (with a modifier rank's write-back), per-parameter gathers, releasing the partition cache, and
+// the memory, statistics and storage maps of every stage.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "actors/ask.h"
+#include "actors/engine/engine_impl.h"
+#include "actors/engine/storage_description.h"
+
+namespace tessera {
+
+void Engine::for_each_gathered_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f) const {
+  auto& s = *impl_;
+  s.rethrow_pending();
+  auto params = s.module->named_parameters();
+  if (!s.stage3) {
+    for (const auto& name : s.names) f(name, params[name].detach());
+    return;
+  }
+  const auto& plan = *s.spec->plan;
+  for (size_t u = 0; u < plan.units().size(); ++u) {
+    s.stage3->pin({int64_t(u)});
+    Scope release([&s, u] { s.stage3->unpin({int64_t(u)}); });
+    for (int64_t i : plan.units()[u].params) f(s.names[size_t(i)], params[s.names[size_t(i)]].detach());
+  }
+  for (size_t i = 0; i < s.names.size(); ++i)
+    if (plan.persistent(int64_t(i))) f(s.names[i], params[s.names[i]].detach());
+}
+
+void Engine::empty_partition_cache() {
+  if (impl_->stage3) impl_->stage3->release_all();
+}
+
+Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names, int modifier_rank) const {
+  auto* s = impl_.get();
+  s->rethrow_pending();
+  if (modifier_rank >= s->spec->world || modifier_rank < -1)
+    throw Error("gathered_parameters: modifier rank " + std::to_string(modifier_rank) + " outside [0, " +
+                std::to_string(s->spec->world) + ")");
+  if (!s->stage3) return Scope([] {});
+  const auto& plan = *s->spec->plan;
+  std::vector<int64_t> units;
+  bool persistent = names.empty();  // a persistent parameter was named (every one with no names)
+  if (names.empty()) {
+    for (size_t u = 0; u < plan.units().size(); ++u) units.push_back(int64_t(u));
+  } else {
+    std::vector<char> wanted(plan.units().size(), 0);
+    for (const auto& name : names) {
+      const auto it = std::find(s->names.begin(), s->names.end(), name);
+      if (it == s->names.end()) throw Error("gathered_parameters: the model has no trainable parameter '" + name + "'");
+      const auto [segment, index] = plan.segment_place(int64_t(it - s->names.begin()));
+      (void)index;
+      const int64_t unit = plan.segments().at(size_t(segment)).unit;
+      if (unit >= 0) wanted[size_t(unit)] = 1;  // a persistent parameter is always gathered
+      else persistent = true;
+    }
+    for (size_t u = 0; u < wanted.size(); ++u)
+      if (wanted[u]) units.push_back(int64_t(u));
+  }
+  s->stage3->pin(units);
+  // The partition ranges the write-back changes: the units' pieces (and the persistent ones).
+  std::vector<int64_t> ranges;
+  for (const auto& seg : plan.segments())
+    if ((seg.unit >= 0 && std::find(units.begin(), units.end(), seg.unit) != units.end()) || (seg.persistent() && persistent))
+      ranges.insert(ranges.end(), {seg.group, seg.partition_offset, seg.layout.partition_numel});
+  return Scope([s, units, persistent, modifier_rank, ranges] {
+    // Without a modifier rank nothing is written back, and the persistent copies (always
+    // gathered, so changed in place) are gathered again from the partitions. A write-back that
+    // fails (ranks naming different modifier ranks, a timeout) changed no partition: the
+    // persistent copies are gathered again, the units released, and the error raised by close()
+    // or kept for the engine's next call.
+    auto writeback = [&](const std::vector<int64_t>& which, bool with_persistent, int root) {
+      actors::checked(actors::ask<actors::Done>(s->parameter_shard, s->bound(), "gathered_parameters: the parameter-shard",
+                                                actors::writeback_atom::value, which, with_persistent, root));
+    };
+    try {
+      if (modifier_rank < 0) {
+        if (persistent) writeback({}, true, -1);
+      } else {
+        writeback(units, persistent, modifier_rank);
+        if (s->optimizer_shard)
+          actors::checked(actors::ask<actors::Done>(s->optimizer_shard, s->bound(), "gathered_parameters: the optimizer-shard",
+                                                    actors::refresh_atom::value, ranges));
+      }
+    } catch (const std::exception& e) {
+      try {
+        if (persistent) writeback({}, true, -1);
+      } catch (...) {
+      }
+      s->stage3->unpin(units);
+      throw Error("gathered_parameters: writing back the changes of modifier rank " + std::to_string(modifier_rank) +
+                  " failed; nothing was changed: " + e.what());
+    }
+    s->stage3->unpin(units);
+  }, [s](std::exception_ptr error) { s->pending = std::move(error); });
+}
+
+EngineMemory Engine::memory() const {
+  auto& s = *impl_;
+  EngineMemory m;
+  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "memory: the parameter-shard",
+                                                                    actors::buffers_atom::value));
+  for (const auto& b : buffers.tensors) m.parameters += int64_t(b.numel() * b.element_size());
+  m.parameters += buffers.gathered_bytes;
+  if (s.inference) return m;
+  m.gradients = actors::ask<int64_t>(s.reducer, s.bound(), "memory: the gradient-reducer", actors::memory_atom::value);
+  const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
+                                                                           "memory: the optimizer-shard", actors::states_atom::value));
+  m.master = states.master_bytes;
+  m.optimizer_states = states.state_bytes;
+  return m;
+}
+
+Stage3Stats Engine::stage3_stats() const {
+  auto& s = *impl_;
+  Stage3Stats out;
+  if (!s.stage3) return out;
+  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "stage3_stats: the parameter-shard",
+                                                                    actors::buffers_atom::value));
+  const auto& c = buffers.stage3;
+  out.fetches = c.fetches, out.prefetched = c.prefetched, out.already_gathered = c.already_gathered;
+  out.prefetch_issued = c.prefetch_issued, out.divergences = c.divergences, out.kept_for_reuse = c.kept_for_reuse;
+  out.peak_gathered_bytes = c.peak_gathered_bytes, out.gathered_wire_bytes = c.gathered_wire_bytes;
+  out.fetch_wait_s = s.stage3->fetch_wait_s();
+  return out;
+}
+
+EngineStorage Engine::storage_maps() const {
+  auto& s = *impl_;
+  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "storage_maps: the parameter-shard",
+                                                                    actors::buffers_atom::value));
+  if (s.inference) return actors::describe_storage(*s.spec, buffers, actors::OptimizerStates{});  // weights only
+  const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
+                                                                           "storage_maps: the optimizer-shard", actors::states_atom::value));
+  return actors::describe_storage(*s.spec, buffers, states);
+}
+
+}  // namespace tessera
