@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "core/io/weight_directory.h"
+#include "core/zero/partitioned_construction.h"
 #include "core/zero/unit_holder.h"
 
 namespace tessera::nn {
@@ -200,9 +201,19 @@ DecoderLm::DecoderLm(const DecoderConfig& config, DecoderOptions options)
   const double std_dev = options_.init_std >= 0 ? options_.init_std : config_.initializer_range;
   torch::NoGradGuard no_grad;
   auto params = impl_->module->named_parameters();
+  // Parameters cut by partitioned construction have no memory: each value is made whole and this
+  // rank's chunk kept (zero/partitioned_construction.h); their dtype stays fp32.
+  bool cut = false;
+  for (auto& item : params) cut = cut || zero::constructed_chunk(item.value()).has_value();
+  if (cut && options_.dtype != torch::kFloat)
+    throw Error("DecoderLm: partitioned construction builds fp32 weights (the engine's bf16 or fp16 settings convert "
+                "them at initialize); this model asks for " + std::string(c10::toString(options_.dtype)));
+  auto write = [](torch::Tensor& p, const torch::Tensor& value) {
+    if (!zero::write_constructed(p, value)) p.copy_(value);
+  };
   if (!options_.random_init) {
-    for (auto& item : params) item.value().zero_();
-    impl_->module->to(options_.dtype);
+    for (auto& item : params) write(item.value(), torch::zeros(item.value().sizes()));
+    if (!cut) impl_->module->to(options_.dtype);
     return;
   }
   for (const auto& [name, shape] : decoder_parameter_shapes(config_)) {
@@ -217,9 +228,9 @@ DecoderLm::DecoderLm(const DecoderConfig& config, DecoderOptions options)
     }
     auto* p = params.find(name);
     if (!p) throw Error("DecoderLm: internal: no parameter " + name);
-    p->copy_(cut_shard(full, decoder_tp_shard(config_, name, tp.rank, tp.size)));
+    write(*p, cut_shard(full, decoder_tp_shard(config_, name, tp.rank, tp.size)));
   }
-  impl_->module->to(options_.dtype);
+  if (!cut) impl_->module->to(options_.dtype);
 }
 
 DecoderLm::~DecoderLm() = default;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/nn/activation_checkpoint.h"
+#include "core/zero/partitioned_construction.h"
 #include "core/zero/unit_holder.h"
 
 namespace tessera::nn {
@@ -104,7 +105,10 @@ TinyGpt::TinyGpt(const GptConfig& config) : config_(config), impl_(std::make_sha
   torch::NoGradGuard no_grad;
   for (auto& item : impl_->module->named_parameters()) {
     const auto& name = item.key();
-    auto& p = item.value();
+    // A parameter cut by partitioned construction has no memory: its value is made whole (the
+    // same random numbers) and this rank's chunk kept.
+    const bool cut = zero::constructed_chunk(item.value()).has_value();
+    auto p = cut ? at::empty(item.value().sizes(), item.value().options()) : item.value();
     const bool layer_norm = name.find("ln_") != std::string::npos;
     if (layer_norm) {
       p.fill_(name.size() > 5 && name.substr(name.size() - 4) == "bias" ? 0.0 : 1.0);
@@ -113,6 +117,7 @@ TinyGpt::TinyGpt(const GptConfig& config) : config_(config), impl_(std::make_sha
     } else {
       p.normal_(0.0, 0.02);
     }
+    if (cut) zero::write_constructed(item.value(), p);
   }
 }
 

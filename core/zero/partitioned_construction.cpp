@@ -80,6 +80,19 @@ std::optional<ConstructedChunk> constructed_chunk(const at::Tensor& parameter) {
   return it->second.chunk;
 }
 
+bool write_constructed(const at::Tensor& parameter, const at::Tensor& value) {
+  auto chunk = constructed_chunk(parameter);
+  if (!chunk) return false;
+  if (value.numel() != chunk->numel)
+    throw Error("partitioned construction: a value of " + std::to_string(value.numel()) + " elements for a parameter of " +
+                std::to_string(chunk->numel));
+  const int64_t k = chunk->chunk.numel(), begin = std::min(chunk->numel, chunk->rank * k);
+  const int64_t length = std::min(chunk->numel, begin + k) - begin;
+  c10::AutoGradMode no_grad(false);
+  if (length > 0) chunk->chunk.narrow(0, 0, length).copy_(value.detach().reshape({-1}).narrow(0, begin, length));
+  return true;  // (the padding past the end stays zero)
+}
+
 void forget_constructed(const at::Tensor& parameter) {
   std::lock_guard<std::mutex> lock(chunks().mutex);
   chunks().by_parameter.erase(parameter.unsafeGetTensorImpl());

@@ -5,10 +5,12 @@
 // rank's share can be built, one module at a time. A stage-3 initialize then builds each unit from
 // the ranks' chunks (an all-gather per parameter), never holding more than one unit whole.
 //
-// The same seed gives the same weights as plain construction, as long as the values are made in
-// the modules' constructors (LibTorch's own initialisation): cutting consumes no random numbers.
-// Code that writes the parameters after construction (a custom init loop) must not run on a
-// partitioned model: its parameters have no memory. Only stage 3 takes such a model.
+// The same seed gives the same weights as plain construction when the values are made in the
+// modules' constructors (LibTorch's own initialisation): cutting consumes no random numbers. An
+// init loop that runs after construction (TinyGpt's, DecoderLm's) writes a cut parameter through
+// write_constructed(): it makes the value whole, one parameter at a time, and keeps this rank's
+// chunk; anything else writing a cut parameter crashes (it has no memory). Only stage 3 takes
+// such a model.
 //
 //   { tessera::zero::PartitionedConstruction scope;   // W and rank from tessera-launch
 //     model = std::make_shared<Net>(); }
@@ -52,6 +54,9 @@ struct ConstructedChunk {
 void partition_if_constructing(const std::shared_ptr<torch::nn::Module>& module);
 // The chunk of a parameter cut at construction, if it was.
 std::optional<ConstructedChunk> constructed_chunk(const at::Tensor& parameter);
+// If `parameter` was cut: copies this rank's chunk of `value` (the whole parameter's new value,
+// its shape) into the chunk and returns true; false for a parameter that was not cut.
+bool write_constructed(const at::Tensor& parameter, const at::Tensor& value);
 // Drops the chunk (after initialize used it).
 void forget_constructed(const at::Tensor& parameter);
 

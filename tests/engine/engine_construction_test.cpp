@@ -2,6 +2,8 @@
 // built inside the scope keeps 1/W of each held module's parameters from the moment the module
 // exists; a stage-3 initialize builds its units from the ranks' chunks. Oracle: the same model
 // built plainly from the same seed: bitwise the same weights after initialize and after training.
+// TinyGpt and the Llama/Qwen decoders, whose init loops run after construction, write their cut
+// parameters through write_constructed().
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
@@ -9,8 +11,11 @@
 #include "core/config/load.h"
 #include "core/error.h"
 #include "core/zero/partitioned_construction.h"
+#include "core/nn/decoder.h"
+#include "core/nn/tiny_gpt.h"
 #include "core/zero/unit_holder.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/nn/decoder_models.h"
 
 namespace {
 
@@ -93,4 +98,46 @@ TEST_CASE("Partitioned construction gives the weights of plain construction, bit
   expect_same_parameters(cut_initial, plain_initial);
   INFO("after 3 AdamW steps");
   expect_same_parameters(cut_trained, plain_trained);
+}
+
+TEST_CASE("TinyGpt and the Llama/Qwen2/Qwen3 decoders built in the scope have plain construction's weights",
+          "[construction]") {
+  auto initial_weights = [](const std::function<std::shared_ptr<torch::nn::Module>()>& make, bool partitioned,
+                            bool expect_cut) {
+    std::shared_ptr<torch::nn::Module> model;
+    if (partitioned) {
+      tessera::zero::PartitionedConstruction scope;
+      model = make();
+    } else {
+      model = make();
+    }
+    int64_t cut = 0;
+    for (const auto& p : model->parameters()) cut += tessera::zero::constructed_chunk(p).has_value();
+    CHECK((cut > 0) == expect_cut);
+    auto engine =
+        tessera::initialize(model, tessera::config::load_config_text(toml(3), tessera::config::Format::toml, "construction"))
+            .engine;
+    auto g = engine->gathered_parameters();
+    return snapshot_parameters(*model);
+  };
+  std::vector<std::pair<std::string, std::function<std::shared_ptr<torch::nn::Module>()>>> models;
+  models.emplace_back("tiny_gpt", [] { return tessera::nn::TinyGpt(small_gpt_config(12)).module(); });
+  for (const std::string family : {"llama", "qwen2", "qwen3"})
+    models.emplace_back(family, [family] {
+      auto config = tessera::nn::testing::family_config(family);
+      config.vocab_size = 256;
+      tessera::nn::DecoderOptions o;
+      o.seed = 9;
+      return tessera::nn::DecoderLm(config, o).module();
+    });
+  for (const auto& [name, make] : models) {
+    INFO(name);
+    expect_same_parameters(initial_weights(make, true, true), initial_weights(make, false, false));
+  }
+  // A bf16 decoder cannot be cut (its conversion would read the freed weights): refused by name.
+  tessera::zero::PartitionedConstruction scope;
+  tessera::nn::DecoderOptions bf16;
+  bf16.dtype = torch::kBFloat16;
+  CHECK_THROWS_WITH(tessera::nn::DecoderLm(tessera::nn::testing::family_config("qwen3"), bf16),
+                    Catch::Contains("partitioned construction builds fp32 weights"));
 }
