@@ -41,6 +41,8 @@
 //   peak_fwd_bwd_mb / peak_step_mb  the highest live bytes during forward + backward (parameters,
 //                 gathered units, activations, gradients, staging) / during step()
 //   peak_init_mb  during initialize() (stage 3 starts from the full model the caller built)
+//   peak_gathered_mb  stage 3: the most unit storage gathered at once (Stage3Stats), next to
+//                 max_live_mb and prefetch_bucket_mb (the settings, capped at the model's size)
 // and Engine::memory() between steps (engine_parameters_mb: the weight buffers, at stage 3 the
 // partition and the persistent parameters, plus gathered units: none between steps). other_mb =
 // live_mb - Engine::memory()'s total: what the engine does not report, found with this allocator:
@@ -147,6 +149,10 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", prefetch_modes, "stage 3 timed with prefetch (on), without (off: bucket 0) or both")
       ->check(CLI::IsMember({"both", "on", "off"}));
   app.add_option("--prefetch-bucket", prefetch_bucket, "stage3_prefetch_bucket_size with prefetch on (elements)");
+  int64_t reuse_distance = 1'000'000'000;  // DeepSpeed's default
+  app.add_option("--reuse-distance", reuse_distance, "stage3_max_reuse_distance (elements; 0: release after every use)");
+  int64_t max_live = 1'000'000'000;  // DeepSpeed's default
+  app.add_option("--max-live", max_live, "stage3_max_live_parameters (elements)");
   app.add_option("--overlap", overlap_modes, "overlap_comm settings timed: both (and hidden_fraction), on, off")
       ->check(CLI::IsMember({"both", "on", "off"}));
   bool skip_memory = false, skip_time = false;
@@ -172,7 +178,9 @@ int main(int argc, char** argv) {
                        "\nreduce_bucket_size = " + std::to_string(model_config.d_model * model_config.d_model) + "\n";
     if (stage == 3)
       toml += "stage3_param_persistence_threshold = " + std::to_string(threshold) +
-              "\nstage3_prefetch_bucket_size = " + std::to_string(prefetch ? prefetch_bucket : 0) + "\n";
+              "\nstage3_prefetch_bucket_size = " + std::to_string(prefetch ? prefetch_bucket : 0) +
+              "\nstage3_max_reuse_distance = " + std::to_string(reuse_distance) +
+              "\nstage3_max_live_parameters = " + std::to_string(max_live) + "\n";
     return tessera::initialize(model.module(),
                                tessera::config::load_config_text(toml, tessera::config::Format::toml, "zero_step"))
         .engine;
@@ -190,6 +198,7 @@ int main(int argc, char** argv) {
       const int64_t base = g_live.load();
       double init_peak = 0, fwd_bwd_peak = 0, step_peak = 0, live = 0;
       tessera::EngineMemory em;
+      tessera::Stage3Stats s3;
       {
         reset_peak();
         auto model = std::make_shared<tessera::nn::TinyGpt>(model_config);
@@ -206,18 +215,23 @@ int main(int argc, char** argv) {
         settle();
         live = double(g_live.load() - base);
         em = engine->memory();
+        s3 = engine->stage3_stats();
       }
       std::printf("{\"bench\":\"zero_memory\",\"stage\":%d,\"rank\":%d,\"world\":%d,\"parameters\":%lld,"
                   "\"micro_batch\":%d,\"persistence_threshold\":%lld,\"live_mb\":%.2f,\"peak_fwd_bwd_mb\":%.2f,"
                   "\"peak_step_mb\":%.2f,\"peak_init_mb\":%.2f,\"engine_parameters_mb\":%.2f,"
                   "\"engine_gradients_mb\":%.2f,\"engine_master_mb\":%.2f,\"engine_states_mb\":%.2f,"
-                  "\"other_mb\":%.2f,\"fp32_model_mb\":%.2f}\n",
+                  "\"other_mb\":%.2f,\"fp32_model_mb\":%.2f,\"peak_gathered_mb\":%.2f,\"max_live_mb\":%.2f,"
+                  "\"prefetch_bucket_mb\":%.2f,\"reuse_distance\":%lld}\n",
                   stage, rank, world, static_cast<long long>(parameters), micro,
                   static_cast<long long>(stage == 3 ? threshold : -1), live * mb, fwd_bwd_peak * mb, step_peak * mb,
                   init_peak * mb, double(em.parameters) * mb, double(em.gradients) * mb, double(em.master) * mb,
                   double(em.optimizer_states) * mb,
                   (live - double(em.parameters + em.gradients + em.master + em.optimizer_states)) * mb,
-                  double(parameters) * 4 * mb);
+                  double(parameters) * 4 * mb, double(s3.peak_gathered_bytes) * mb,
+                  double(std::min<int64_t>(max_live, parameters)) * 4 * mb,
+                  double(prefetch_modes != "off" ? std::min<int64_t>(prefetch_bucket, parameters) : 0) * 4 * mb,
+                  static_cast<long long>(reuse_distance));
       std::fflush(stdout);
     }
   }
@@ -306,16 +320,17 @@ int main(int argc, char** argv) {
       extra += ",\"hidden_fraction\":" + std::to_string(w_off > 0 ? std::max(0.0, 1.0 - w_on / w_off) : 0.0);
     }
     if (r.stage == 3) {
-      char buf[400];
+      char buf[512];
       double fetch_wait = 0;
       for (double w : r.fetch_wait_s) fetch_wait += w;
       double total = 0;
       for (double t : r.step_s) total += t;
       std::snprintf(buf, sizeof buf,
-                    ",\"prefetch_bucket\":%lld,\"persistence_threshold\":%lld,\"fetch_wait_ms\":%.2f,"
+                    ",\"prefetch_bucket\":%lld,\"reuse_distance\":%lld,\"persistence_threshold\":%lld,\"fetch_wait_ms\":%.2f,"
                     "\"fetch_wait_fraction\":%.3f,\"fetches_per_step\":%.1f,\"prefetched_fraction\":%.3f,"
                     "\"gather_all_units_ms\":%.2f,\"est_gather_fraction\":%.3f",
-                    static_cast<long long>(r.prefetch ? prefetch_bucket : 0), static_cast<long long>(threshold),
+                    static_cast<long long>(r.prefetch ? prefetch_bucket : 0), static_cast<long long>(reuse_distance),
+                    static_cast<long long>(threshold),
                     1e3 * median(r.fetch_wait_s), total > 0 ? fetch_wait / total : 0.0,
                     r.step_s.empty() ? 0.0 : double(r.fetches) / double(r.step_s.size()),
                     r.fetches > 0 ? double(r.prefetched) / double(r.fetches) : 0.0, 1e3 * gather_all_s[i],
