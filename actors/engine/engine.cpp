@@ -104,9 +104,13 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
                       std::to_string(settings.stage) + ")");
   if (inference && settings.has_scheduler)
     throw ConfigError("scheduler: a ZeRO inference engine (no optimizer) has no learning rate to schedule");
-  std::vector<std::pair<std::string, at::Tensor>> trainable;  // inference: every parameter
+  // Inference: every parameter. A tensor registered by two modules (tied weights) is one
+  // parameter, under its first name (as Python's Module.parameters() gives it once).
+  std::vector<std::pair<std::string, at::Tensor>> trainable;
+  std::set<const c10::TensorImpl*> seen;
   for (auto& item : model->named_parameters())
-    if (inference || item.value().requires_grad()) trainable.emplace_back(item.key(), item.value());
+    if ((inference || item.value().requires_grad()) && seen.insert(item.value().unsafeGetTensorImpl()).second)
+      trainable.emplace_back(item.key(), item.value());
   if (trainable.empty())
     throw Error(inference ? "initialize: the model has no parameters" : "initialize: the model has no parameter that requires grad");
   const at::ScalarType dtype = settings.precision == actors::Precision::bf16   ? at::kBFloat16

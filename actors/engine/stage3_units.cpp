@@ -34,21 +34,14 @@ std::set<std::string> stage3_leaf_modules(torch::nn::Module& model, const config
 }
 
 // ZeRO-3: each trainable parameter's unit is the module that registered it, or that module's
-// outermost leaf ancestor. A parameter registered by two modules (tied) is refused: the second
-// module's forward would find it released.
+// outermost leaf ancestor. A parameter registered by two modules (tied weights, in different
+// units) stays gathered (persistent): either module's forward may come first.
 void assign_stage3_units(torch::nn::Module& model, const std::vector<std::pair<std::string, at::Tensor>>& trainable,
                   const std::set<std::string>& leaves, std::vector<zero::PlannedParameter>& planned) {
-  std::map<const c10::TensorImpl*, std::string> owner;
-  for (const auto& item : model.named_modules()) {
-    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
-      const auto* impl = p.value().unsafeGetTensorImpl();
-      const auto name = item.key().empty() ? p.key() : item.key() + "." + p.key();
-      auto [it, fresh] = owner.emplace(impl, item.key());
-      if (!fresh && p.value().requires_grad())
-        throw Error("initialize: ZeRO-3: parameter '" + name + "' is the tensor of module '" + it->second +
-                    "' too (tied weights); stage 3 cannot share a parameter between units yet");
-    }
-  }
+  std::map<const c10::TensorImpl*, std::vector<std::string>> owners;  // every module registering it, model order
+  for (const auto& item : model.named_modules())
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false))
+      owners[p.value().unsafeGetTensorImpl()].push_back(item.key());
   auto outermost_leaf = [&](const std::string& module) {
     if (leaves.count("")) return std::string();
     for (size_t at = module.find('.'); ; at = module.find('.', at + 1)) {
@@ -57,8 +50,12 @@ void assign_stage3_units(torch::nn::Module& model, const std::vector<std::pair<s
       if (at == std::string::npos) return module;
     }
   };
-  for (size_t i = 0; i < trainable.size(); ++i)
-    planned[i].module = outermost_leaf(owner.at(trainable[i].second.unsafeGetTensorImpl()));
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    const auto& mine = owners.at(trainable[i].second.unsafeGetTensorImpl());
+    planned[i].module = outermost_leaf(mine.front());
+    for (const auto& other : mine)
+      if (outermost_leaf(other) != planned[i].module) planned[i].persistent = true;
+  }
 }
 
 // ZeRO-3: the modules of the plan's units, each of which a tessera::Unit holder or a Sequential
