@@ -1,14 +1,27 @@
 #!/usr/bin/env python3
 """Runs sync_bench as two jobs sharing one store: TRAIN_RANKS training ranks -> ROLLOUT_RANKS rollout
 ranks (default 2 -> 4), and forwards the JSON lines of both jobs (every process prints a "process"
-line: bytes, puts, staging peak, peak RSS). Then, in the same run and after both jobs ended,
-ucx_perftest (ucp_put_bw, a server and a client on loopback, the same UCX_TLS as the bench) at the
-sync's average and largest put size of the sending training ranks, and one JSON line per size and
-perftest memory with the sync's bandwidth (useful bytes / transfer time) over ucx_perftest's.
-Perftest memory: "ucx_allocated" (perftest's own, from UCX's allocator: on one node a sysv/posix
-segment the peer maps, so a put is one memcpy into it) and "heap" (UCX_ALLOC_PRIO=heap: ordinary
-memory registered afterwards, as the sync's torch tensors are; UCX 1.13 then emulates the put over
-shared-memory active messages, which the target must progress): the second is like for like. Usage:
+line: bytes, puts and their sizes, staging peak, peak RSS; a sending training rank also the memcpy
+of its share, below). Then, in the same run and after both jobs ended, the baselines the sync is
+compared with, one JSON line each, and a "vs_baselines" line with every ratio:
+  sync          wire bytes (what the senders put) / the transfer time of rollout rank 0 (median of
+                the repeats; min and max given): the bandwidth a user sees, agreement included.
+  perftest      ucx_perftest ucp_put_bw (a server and a client on loopback, the same UCX_TLS) with
+                its own UCX-allocated buffers at both ends, as the sink's targets are (shared memory
+                on one node: a put is one memcpy into it), at every put size the sync sends:
+                "at_sync_sizes" is what perftest would take for the sync's puts (their bytes at each
+                size over perftest's bandwidth there, summed); "largest_put" is perftest at the
+                largest. Perftest re-puts one buffer, so below the caches' size (L2 2 MiB, L3 32 MiB
+                here) it moves cache-resident bytes; the sync's 327 MB never are: this baseline
+                flatters perftest, not the sync.
+  memcpy        the like-for-like one: each sender copies its same segments (core/affine's local
+                executor, no staging) from the same engine buffers into UCX-allocated memory laid
+                out as the rollout ranks', already touched: a put that is nothing but its copy,
+                with neither end cache-resident (sync_bench's "memcpy_ms"), right after each sync,
+                so "ratio_sync_to_memcpy_per_sync" pairs runs under the same load.
+(ucx_perftest with heap buffers, UCX_ALLOC_PRIO=heap, is no longer compared: the sink's targets are
+UCX-allocated, and a heap target makes UCX emulate the put over active messages, 0.1 GiB/s, a
+baseline that would flatter the sync 40-50x.) Usage:
   run_sync_bench.py [--build DIR] [--train-ranks N] [--rollout-ranks N] [--no-perftest]
                     [-- sync_bench args, e.g. --hidden 512 --layers 2 --vocab 8192 --replica-policy balanced]"""
 import argparse
@@ -80,26 +93,30 @@ if not perftest:
     print(json.dumps({"bench": "weight_sync", "mode": "vs_ucx_perftest", "error": "ucx_perftest not found"}))
     sys.exit(0)
 sent = sum(r["bytes_sent"] for r in senders)
-sizes = {"average_put": int(round(sent / sum(r["puts"] for r in senders))),
-         "largest_put": max(r["largest_put_bytes"] for r in senders)}
-# The sync's bandwidth: the whole model's useful bytes over the transfer batch (the slowest rank's
-# view: the rollout rank 0's median), and with the verification included.
-sync_mib_s = sync["bytes"] / (sync["transfer_ms"] / 1e3) / 2**20
-sync_verified_mib_s = sync["bytes"] / (sync["ms"] / 1e3) / 2**20
+put_sizes = {}  # bytes -> puts of that size, over every sender
+for r in senders:
+    for size, count in r["put_sizes"]:
+        put_sizes[size] = put_sizes.get(size, 0) + count
+# The sync: the senders' wire bytes over rollout rank 0's transfer time (median, best, worst).
+sync_MiB_s = {k: sent / (sync[f"transfer_ms{k}"] / 1e3) / 2**20 for k in ("", "_min", "_max")}
+# The memcpy of the same segments: the senders copy at the same time, so the slowest one's time.
+memcpy_ms = {k: max(r[f"memcpy_ms{k}"] for r in senders) for k in ("", "_min", "_max")}
+memcpy_MiB_s = sum(r["memcpy_bytes"] for r in senders) / (memcpy_ms[""] / 1e3) / 2**20
+# Each sync is followed by the memcpy (same load on the shared cores): the ratio per sync.
+copied = sum(r["memcpy_bytes"] for r in senders)
+per_sync = sorted((sent / t) / (copied / max(m)) for t, *m in
+                  zip(sync["transfer_ms_each"], *[r["memcpy_ms_each"] for r in senders]))
 
 
-def put_bandwidth(size, memory):
+def put_bandwidth(size):
     """ucx_perftest ucp_put_bw between two processes on loopback: MiB/s (UCX's MB is 2^20)."""
-    env = dict(os.environ)
-    if memory == "heap":
-        env["UCX_ALLOC_PRIO"] = "heap"
     iters = int(max(20, min(200000, args.perftest_bytes / size)))
     common = ["-t", "ucp_put_bw", "-s", str(size), "-n", str(iters), "-w", str(max(2, iters // 10)),
               "-p", str(args.perftest_port), "-f"]
-    server = subprocess.Popen([perftest] + common, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    server = subprocess.Popen([perftest] + common, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
     try:
-        client = subprocess.run([perftest, "127.0.0.1"] + common, capture_output=True, text=True, timeout=300, env=env)
+        client = subprocess.run([perftest, "127.0.0.1"] + common, capture_output=True, text=True, timeout=300)
     finally:
         try:
             server.wait(timeout=30)
@@ -113,14 +130,30 @@ def put_bandwidth(size, memory):
 
 
 tls = os.environ.get("UCX_TLS", "(default)")
-for memory in ("ucx_allocated", "heap"):
-    for which, size in sizes.items():
-        runs = [put_bandwidth(size, memory) for _ in range(args.perftest_runs)]
-        bandwidth, iters = sorted(runs)[len(runs) // 2]
-        print(json.dumps({"bench": "weight_sync", "mode": "vs_ucx_perftest", "put_size": which, "message_bytes": size,
-                          "perftest_memory": memory, "ucx_tls": tls, "perftest_iterations": iters,
-                          "perftest_runs_MiB_s": [round(b, 1) for b, _ in runs],
-                          "perftest_MiB_s": round(bandwidth, 1), "sync_MiB_s": round(sync_mib_s, 1),
-                          "sync_verified_MiB_s": round(sync_verified_mib_s, 1),
-                          "ratio_sync_to_perftest": round(sync_mib_s / bandwidth, 3),
-                          "ratio_verified_sync_to_perftest": round(sync_verified_mib_s / bandwidth, 3)}))
+perftest_MiB_s = {}
+for size in sorted(put_sizes):
+    runs = [put_bandwidth(size) for _ in range(args.perftest_runs)]
+    perftest_MiB_s[size] = sorted(b for b, _ in runs)[len(runs) // 2]
+    print(json.dumps({"bench": "weight_sync", "mode": "ucx_perftest", "message_bytes": size, "sync_puts": put_sizes[size],
+                      "sync_bytes": size * put_sizes[size], "perftest_memory": "ucx_allocated", "ucx_tls": tls,
+                      "perftest_iterations": runs[0][1], "perftest_runs_MiB_s": [round(b, 1) for b, _ in runs],
+                      "perftest_MiB_s": round(perftest_MiB_s[size], 1)}))
+at_sizes_s = sum(size * n / 2**20 / perftest_MiB_s[size] for size, n in put_sizes.items())
+perftest_at_sizes = sum(size * n for size, n in put_sizes.items()) / 2**20 / at_sizes_s
+largest = max(put_sizes)
+r = lambda x: round(x, 3)
+print(json.dumps({"bench": "weight_sync", "mode": "vs_baselines", "ucx_tls": tls, "wire_bytes": sent,
+                  "useful_bytes": sync["bytes"], "transfer_ms": sync["transfer_ms"],
+                  "transfer_ms_range": [sync["transfer_ms_min"], sync["transfer_ms_max"]],
+                  "sync_MiB_s": round(sync_MiB_s[""], 1),
+                  "sync_MiB_s_range": [round(sync_MiB_s["_max"], 1), round(sync_MiB_s["_min"], 1)],
+                  "sync_verified_MiB_s": round(sent / (sync["ms"] / 1e3) / 2**20, 1),
+                  "perftest_at_sync_sizes_MiB_s": round(perftest_at_sizes, 1),
+                  "perftest_largest_put_bytes": largest, "perftest_largest_put_MiB_s": round(perftest_MiB_s[largest], 1),
+                  "memcpy_same_segments_ms": memcpy_ms[""], "memcpy_same_segments_MiB_s": round(memcpy_MiB_s, 1),
+                  "ratio_sync_to_perftest_at_sync_sizes": r(sync_MiB_s[""] / perftest_at_sizes),
+                  "ratio_sync_to_perftest_largest_put": r(sync_MiB_s[""] / perftest_MiB_s[largest]),
+                  "ratio_sync_to_memcpy": r(sync_MiB_s[""] / memcpy_MiB_s),
+                  "ratio_sync_to_memcpy_per_sync": {"median": r(per_sync[len(per_sync) // 2]), "min": r(per_sync[0]),
+                                                    "max": r(per_sync[-1])},
+                  "ratio_verified_sync_to_memcpy": r(sent / (sync["ms"] / 1e3) / 2**20 / memcpy_MiB_s)}))

@@ -11,10 +11,12 @@
 //               full / delta, times, and the last-synced copy the delta keeps.
 // Rank 0 of the rollout job prints JSON lines: per mode the median time per sync, wire bytes /
 // useful bytes, staged bytes; the plan time (once); and the ratio sync / broadcast. Every process
-// also prints a "process" line: its bytes and puts per sync (the training side also the largest
-// put, from the same plans the sync replays), its transfer's staging peak, and its peak RSS
-// (getrusage ru_maxrss) after the sync phase and at the end; run_sync_bench.py measures
-// ucx_perftest at those put sizes.
+// also prints a "process" line: its bytes and puts per sync and the range of its transfer times
+// (the training side also its puts by size, from the same plans the sync replays, and the memcpy
+// baseline: the same segments copied by core/affine's local executor from the same engine buffers
+// into UCX-allocated memory laid out as the rollout ranks'), its transfer's staging peak, and its
+// peak RSS (getrusage ru_maxrss) after the sync phase and at the end; run_sync_bench.py measures
+// ucx_perftest at those put sizes and prints every ratio.
 #include <CLI/CLI.hpp>
 
 #include <torch/torch.h>
@@ -24,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -33,6 +36,7 @@
 #include "actors/rollout/rollout_engine.h"
 #include "actors/rollout/weight_sync.h"
 #include "core/affine/builders.h"
+#include "core/affine/local_executor.h"
 #include "core/affine/planner.h"
 #include "core/config/load.h"
 #include "core/affine/replica_policy.h"
@@ -53,6 +57,14 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
+double lowest(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
+double highest(const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+std::string json_list(const std::vector<double>& v) {
+  std::string out = "[";
+  char item[32];
+  for (double x : v) std::snprintf(item, sizeof item, "%s%.2f", out.size() > 1 ? "," : "", x), out += item;
+  return out + "]";
+}
 
 tessera::nn::DecoderConfig bench_config(int hidden, int layers, int vocab) {
   // Qwen3-8B's proportions (36 layers of 4096, 32 heads of 128, 8 KV heads, 12288 MLP, 151936
@@ -72,12 +84,19 @@ long max_rss_kib() {
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_maxrss;
 }
+// Minor page faults of this process so far (a put into a freshly attached segment faults per page).
+long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
 
 // The puts a RemoteExecutor issues for one segment (transport/affine/remote_executor.cpp): a
 // segment of 2+ axes whose target is one dense block goes through staging as chunks of at most
-// `staging_bytes`; any other segment as one put per innermost row (contiguous at the target) or
-// per element. Calls f(bytes) per put; staging chunks may be cut shorter where a previous
-// segment left the staging buffer part full, so the count is a lower bound.
+// RemoteExecutor::kStagingChunkBytes (or `staging_bytes`, when smaller); any other segment as one
+// put per innermost row (contiguous at the target) or per element. Calls f(bytes) per put;
+// staging chunks may be cut shorter where a previous segment left the staging buffer part full,
+// so the count is a lower bound.
 template <class F>
 void for_each_put(const tessera::affine::Segment& s, int64_t element_size, int64_t staging_bytes, F&& f) {
   const int nd = s.shape.size();
@@ -89,7 +108,8 @@ void for_each_put(const tessera::affine::Segment& s, int64_t element_size, int64
     expected *= s.shape[k];
   }
   if (nd > 1 && dense) {
-    for (int64_t left = s.elements() * element_size; left > 0; left -= staging_bytes) f(std::min(left, staging_bytes));
+    const int64_t chunk = std::min(staging_bytes, tessera::transport::RemoteExecutor::kStagingChunkBytes);
+    for (int64_t left = s.elements() * element_size; left > 0; left -= chunk) f(std::min(left, chunk));
     return;
   }
   const bool rows = nd > 0 && s.target_strides[nd - 1] == 1;
@@ -125,6 +145,13 @@ int main(int argc, char** argv) {
   so.session = "bench";
   so.replica_policy = replica_policy;
   try {
+    // The UCX directory of the broadcast baseline (2.), connected first: the memcpy baseline needs
+    // the rollout job's size.
+    tessera::transport::UcxContext context({});
+    tessera::transport::UcxPeers peers(context, tessera::actors::job_store(), env.job, env.rank, env.world_size,
+                                       "bench_broadcast");
+    const int peer_size = peers.connect(peer);
+    const int S = training ? env.world_size : peer_size, T = training ? peer_size : env.world_size;
     // 1. tessera's sync.
     std::unique_ptr<tessera::nn::DecoderLm> model;
     std::shared_ptr<tessera::Engine> engine;
@@ -133,6 +160,10 @@ int main(int argc, char** argv) {
     double plan_ms = 0, wire = 0;
     int64_t bytes = 0, puts = 0, staging_peak = 0;
     int64_t largest_put = 0, planned_puts = 0;  // training side: from the plans
+    std::map<int64_t, int64_t> put_sizes;  // training side: bytes -> puts of that size, from the plans
+    std::vector<double> memcpy_ms;          // training side: the like-for-like copy (below)
+    int64_t memcpy_bytes = 0;
+    long sync_faults = 0, memcpy_faults = 0;  // training side: minor page faults, summed over the repeats
     if (training) {
       model = std::make_unique<tessera::nn::DecoderLm>(config);
       const std::string toml = "train_micro_batch_size_per_gpu = 1\n[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\n"
@@ -141,10 +172,70 @@ int main(int argc, char** argv) {
                                    tessera::config::load_config_text(toml, tessera::config::Format::toml, "bench"))
                    .engine;
       tessera::WeightSender sender(*engine, config, so);
+      // The puts of this rank, from the plans the sync replays (its source maps, the rollout's TP
+      // maps, the same replica policy).
+      const auto storage = engine->storage_maps();
+      std::map<std::string, const tessera::StoredTensorMap*> sources;
+      for (const auto& m : storage.maps)
+        if (m.kind == "param") sources[m.map.name] = &m;
+      tessera::affine::PlanOptions po;
+      po.policy = tessera::affine::parse_replica_policy(so.replica_policy);
+      std::vector<tessera::affine::Plan> mine;  // the plans, cut to the segments this rank sources
+      std::vector<tessera::affine::TensorMap> targets;
+      for (const auto& [name, shape] : tessera::nn::decoder_parameter_shapes(config)) {
+        targets.push_back(tessera::nn::decoder_tp_map(config, name, T, tessera::affine::DType::f32));
+        auto plan = tessera::affine::plan(targets.back(), sources.at(name)->map, po);
+        for (const auto& seg : plan.segments)
+          if (seg.source_rank == env.rank)
+            for_each_put(seg, 4, so.staging_bytes, [&](int64_t b) { largest_put = std::max(largest_put, b), ++planned_puts, ++put_sizes[b]; });
+        plan.segments.erase(std::remove_if(plan.segments.begin(), plan.segments.end(),
+                                           [&](const auto& seg) { return seg.source_rank != env.rank; }),
+                            plan.segments.end());
+        mine.push_back(std::move(plan));
+      }
+      // The like-for-like baseline of this rank's share of a sync: the same segments copied by
+      // memcpy (core/affine's local executor, straight, no staging) from the same engine buffers
+      // into UCX-allocated memory laid out as the rollout ranks' (shared memory on one machine,
+      // pages touched once beforehand, as the sink's are): what one core can move when a put is
+      // nothing but its copy, with neither end cache-resident.
+      std::vector<std::map<size_t, int64_t>> offset_in(static_cast<size_t>(T));  // per rollout rank: plan -> element offset
+      std::vector<int64_t> elements(size_t(T), 0);
+      for (size_t i = 0; i < targets.size(); ++i)
+        for (int r = 0; r < T; ++r) {
+          offset_in[size_t(r)][i] = elements[size_t(r)];
+          elements[size_t(r)] += (targets[i].ranks.at(r).buffer_elements + 15) / 16 * 16;  // 64-byte aligned
+        }
+      std::vector<std::unique_ptr<tessera::transport::UcxMemory>> regions;
+      std::vector<tessera::affine::LocalTransfer> local;
+      for (int r = 0; r < T; ++r) {
+        regions.push_back(tessera::transport::UcxMemory::allocate(context, size_t(std::max<int64_t>(elements[size_t(r)], 16) * 4)));
+        std::memset(regions.back()->address(), 0, regions.back()->bytes());
+      }
+      for (size_t i = 0; i < mine.size(); ++i) {
+        tessera::affine::LocalTransfer t;
+        t.plan = &mine[i];
+        const auto& source = *sources.at(mine[i].name);
+        auto& flat = storage.buffers.at(source.buffer);
+        t.source_buffers[env.rank] = {flat.data_ptr(), flat.numel(), tessera::affine::DType::f32};
+        for (int r = 0; r < T; ++r)
+          t.target_buffers[r] = {static_cast<float*>(regions[size_t(r)]->address()) + offset_in[size_t(r)][i],
+                                 targets[i].ranks.at(r).buffer_elements, tessera::affine::DType::f32};
+        local.push_back(std::move(t));
+      }
+      // Each sync is followed by one memcpy of the same segments (the rollout ranks wait for the
+      // next sync meanwhile), so both see the same load on these shared cores.
+      tessera::affine::LocalExecutorOptions lo;
+      lo.staging_bytes = so.staging_bytes;
       for (int i = 0; i < repeats + 1; ++i) {
+        const long f0 = minor_faults();
         const auto s = sender.sync();
         staging_peak = std::max(staging_peak, s.staging_peak_bytes);
+        const long f1 = minor_faults();
+        const auto t = Clock::now();
+        memcpy_bytes = tessera::affine::execute_local(local, lo).bytes_copied;
         if (i == 0) continue;
+        sync_faults += f1 - f0, memcpy_faults += minor_faults() - f1;
+        memcpy_ms.push_back(ms_since(t));
         transfer_ms.push_back(s.sync_ms);
         bytes = s.bytes_sent, puts = s.puts;
       }
@@ -174,28 +265,6 @@ int main(int argc, char** argv) {
     const long rss_after_sync_kib = max_rss_kib();
 
     // 2. gather-then-broadcast over the same executor: every rollout rank receives whole tensors.
-    tessera::transport::UcxContext context({});
-    tessera::transport::UcxPeers peers(context, tessera::actors::job_store(), env.job, env.rank, env.world_size,
-                                       "bench_broadcast");
-    const int peer_size = peers.connect(peer);
-    const int S = training ? env.world_size : peer_size, T = training ? peer_size : env.world_size;
-    if (training) {
-      // The puts of this rank, from the plans the sync replays (its source maps, the rollout's TP
-      // maps, the same replica policy).
-      const auto storage = engine->storage_maps();
-      std::map<std::string, const tessera::affine::TensorMap*> sources;
-      for (const auto& m : storage.maps)
-        if (m.kind == "param") sources[m.map.name] = &m.map;
-      tessera::affine::PlanOptions po;
-      po.policy = tessera::affine::parse_replica_policy(so.replica_policy);
-      for (const auto& [name, shape] : tessera::nn::decoder_parameter_shapes(config)) {
-        const auto target = tessera::nn::decoder_tp_map(config, name, T, tessera::affine::DType::f32);
-        const auto plan = tessera::affine::plan(target, *sources.at(name), po);
-        for (const auto& seg : plan.segments)
-          if (seg.source_rank == env.rank)
-            for_each_put(seg, 4, so.staging_bytes, [&](int64_t b) { largest_put = std::max(largest_put, b), ++planned_puts; });
-      }
-    }
     tessera::transport::RemoteExecutor executor(peers, "bench_broadcast");
     std::vector<tessera::affine::Plan> plans;
     const auto shapes = tessera::nn::decoder_parameter_shapes(config);
@@ -254,10 +323,10 @@ int main(int argc, char** argv) {
     if (!training && env.rank == 0) {
       const int64_t params_count = tessera::nn::decoder_parameter_count(config);
       std::printf("{\"bench\":\"weight_sync\",\"mode\":\"sync\",\"train_ranks\":%d,\"rollout_ranks\":%d,\"parameters\":%lld,"
-                  "\"bytes\":%lld,\"ms\":%.2f,\"transfer_ms\":%.2f,\"verify_ms\":%.2f,\"wire_to_useful\":%.3f,"
+                  "\"bytes\":%lld,\"ms\":%.2f,\"transfer_ms\":%.2f,\"transfer_ms_min\":%.2f,\"transfer_ms_max\":%.2f,\"transfer_ms_each\":%s,\"verify_ms\":%.2f,\"wire_to_useful\":%.3f,"
                   "\"plan_ms_once\":%.2f,\"replica_policy\":\"%s\",\"ucx_tls\":\"%s\"}\n",
                   S, T, static_cast<long long>(params_count), static_cast<long long>(params_count * 4), median(sync_ms),
-                  median(transfer_ms), median(verify_ms), wire, plan_ms, so.replica_policy.c_str(),
+                  median(transfer_ms), lowest(transfer_ms), highest(transfer_ms), json_list(transfer_ms).c_str(), median(verify_ms), wire, plan_ms, so.replica_policy.c_str(),
                   std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "(default)");
       std::printf("{\"bench\":\"weight_sync\",\"mode\":\"gather_broadcast\",\"train_ranks\":%d,\"rollout_ranks\":%d,"
                   "\"ms\":%.2f,\"wire_to_useful\":%.3f}\n",
@@ -332,16 +401,26 @@ int main(int argc, char** argv) {
         for (int i = 0; i < repeats; ++i) sink.receive();
       }
     }
-    // Every process: what it moved per sync, its staging peak and its peak RSS.
+    // Every process: what it moved per sync (the training side: its puts by size, from the plans,
+    // and the memcpy of the same segments), its staging peak and its peak RSS.
+    std::string sizes_json = "[";
+    for (const auto& [b, n] : put_sizes)
+      sizes_json += (sizes_json.size() > 1 ? "," : "") + std::string("[") + std::to_string(b) + "," + std::to_string(n) + "]";
+    sizes_json += "]";
     std::printf("{\"bench\":\"weight_sync\",\"mode\":\"process\",\"role\":\"%s\",\"rank\":%d,\"%s\":%lld,"
                 "\"puts\":%lld,\"avg_put_bytes\":%.0f,\"largest_put_bytes\":%lld,\"planned_puts\":%lld,"
-                "\"transfer_ms\":%.2f,\"staging_peak_bytes\":%lld,\"staging_bytes\":%lld,"
+                "\"put_sizes\":%s,\"transfer_ms\":%.2f,\"transfer_ms_min\":%.2f,\"transfer_ms_max\":%.2f,\"transfer_ms_each\":%s,"
+                "\"memcpy_bytes\":%lld,\"memcpy_ms\":%.2f,\"memcpy_ms_min\":%.2f,\"memcpy_ms_max\":%.2f,\"memcpy_ms_each\":%s,\"faults_per_sync\":%.0f,\"faults_per_memcpy\":%.0f,"
+                "\"staging_peak_bytes\":%lld,\"staging_bytes\":%lld,"
                 "\"max_rss_kib_after_sync\":%ld,\"max_rss_kib\":%ld}\n",
                 role.c_str(), env.rank, training ? "bytes_sent" : "bytes_received", static_cast<long long>(bytes),
                 static_cast<long long>(puts), puts > 0 ? double(bytes) / double(puts) : 0.0,
-                static_cast<long long>(largest_put), static_cast<long long>(planned_puts), median(transfer_ms),
-                static_cast<long long>(staging_peak), static_cast<long long>(so.staging_bytes), rss_after_sync_kib,
-                max_rss_kib());
+                static_cast<long long>(largest_put), static_cast<long long>(planned_puts), sizes_json.c_str(),
+                median(transfer_ms), lowest(transfer_ms), highest(transfer_ms), json_list(transfer_ms).c_str(),
+                static_cast<long long>(memcpy_bytes),
+                median(memcpy_ms), lowest(memcpy_ms), highest(memcpy_ms), json_list(memcpy_ms).c_str(), double(sync_faults) / std::max(1, repeats),
+                double(memcpy_faults) / std::max(1, repeats), static_cast<long long>(staging_peak),
+                static_cast<long long>(so.staging_bytes), rss_after_sync_kib, max_rss_kib());
     std::fflush(stdout);
     // The training job hosts the store: it stays until every rollout rank is done with it.
     auto shared = tessera::actors::job_store()->shared("bench_exit");

@@ -347,13 +347,24 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   int64_t copied_into_me = 0;
   std::vector<char>& staging = staging_;  // reusable after a flush
   int64_t staging_used = 0;
-  auto end_round = [&] {
+  bool staging_pending = false;  // a put from staging has not completed locally yet
+  // Every put so far complete at its target; the staging bytes stay where they are (the caller
+  // may have packed the next put there already).
+  auto flush_round = [&] {
     for (auto* ep : round_endpoints) ep->flush(options_.timeout);
     round_endpoints.clear();
     if (in_flight > 0) ++stats.rounds;
     in_flight = 0;
+    staging_pending = false;
+  };
+  auto end_round = [&] {
+    flush_round();
     stats.staging_peak_bytes = std::max(stats.staging_peak_bytes, staging_used);
     staging_used = 0;
+  };
+  // A round holds at most staging_bytes (a single larger put is a round of its own).
+  auto make_room = [&](int64_t bytes) {
+    if (in_flight > 0 && in_flight + bytes > options_.staging_bytes) flush_round();
   };
   for (size_t ti = 0; ti < batch.size(); ++ti) {
     const auto& t = batch[ti];
@@ -388,22 +399,32 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
         key.rkey = &remote_key(target, ep, table->second.descriptors.at(entry->second.descriptor), epoch);
       }
       if (s.shape.size() > 1 && dense_target(s)) {
-        // Coalesced: the segment's rows are packed back to back into staging and each filled
-        // chunk goes as one put (a row-parallel shard: thousands of short rows, one message).
+        // Coalesced: the segment's rows are packed back to back into staging and each chunk of
+        // kStagingChunkBytes goes as one put (a row-parallel shard: thousands of short rows, a few
+        // messages). A put that completed in place (into a peer's shared memory) has copied its
+        // chunk out already, so while no put from staging is pending the next chunk is packed
+        // where that one was: staging stays in cache and the segment costs one pass over memory,
+        // as a memcpy does (packing a whole 3 MiB shard out to memory and reading it back for the
+        // put cost a second pass).
         if (staging.empty()) staging.resize(static_cast<size_t>(std::max<int64_t>(options_.staging_bytes, es)));
         const int64_t capacity = static_cast<int64_t>(staging.size()) / es * es;
+        const int64_t chunk_limit = std::max<int64_t>(es, std::min<int64_t>(capacity, kStagingChunkBytes) / es * es);
         int64_t chunk_dst = 0, chunk_bytes = 0;
         const char* chunk_start = nullptr;
         auto put_chunk = [&] {
           if (chunk_bytes == 0) return;
-          ep.put_nowait(chunk_start, static_cast<size_t>(chunk_bytes), *key.rkey,
-                        static_cast<size_t>(key.offset + chunk_dst * es), options_.timeout);
+          make_room(chunk_bytes);
+          if (!ep.put_nowait(chunk_start, static_cast<size_t>(chunk_bytes), *key.rkey,
+                             static_cast<size_t>(key.offset + chunk_dst * es), options_.timeout))
+            staging_pending = true;
           ++stats.puts;
           stats.bytes_sent += chunk_bytes;
           sent_to[target] += static_cast<uint64_t>(chunk_bytes);
           in_flight += chunk_bytes;
           round_endpoints.insert(&ep);
           chunk_bytes = 0;
+          stats.staging_peak_bytes = std::max(stats.staging_peak_bytes, staging_used);
+          if (!staging_pending) staging_used = 0;
           if (in_flight >= options_.staging_bytes) end_round();
         };
         for_each_run(s, [&](int64_t src, int64_t dst, int64_t n, int64_t step) {
@@ -411,15 +432,17 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
           while (done < n) {
             if (staging_used >= capacity) {
               put_chunk();
-              end_round();  // staging is reused only after its puts completed
+              if (staging_used >= capacity) end_round();  // staging is reused only after its puts completed
             }
             if (chunk_bytes == 0) chunk_start = staging.data() + staging_used, chunk_dst = dst + done;
-            const int64_t count = std::min<int64_t>(n - done, (capacity - staging_used) / es);
+            const int64_t count =
+                std::min({n - done, (capacity - staging_used) / es, (chunk_limit - chunk_bytes) / es});
             gather_elements(staging.data() + staging_used, src_base + (src + done * step) * es, count, step, es);
             staging_used += count * es;
             chunk_bytes += count * es;
             stats.bytes_staged += count * es;
             done += count;
+            if (chunk_bytes >= chunk_limit) put_chunk();
           }
         });
         put_chunk();
@@ -443,8 +466,10 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
             from = packed;
           }
           const int64_t bytes = count * es;
-          ep.put_nowait(from, static_cast<size_t>(bytes), *key.rkey,
-                        static_cast<size_t>(key.offset + (dst + done) * es), options_.timeout);
+          make_room(bytes);
+          const bool in_place = ep.put_nowait(from, static_cast<size_t>(bytes), *key.rkey,
+                                              static_cast<size_t>(key.offset + (dst + done) * es), options_.timeout);
+          if (step != 1 && !in_place) staging_pending = true;  // its packed bytes stay until the flush
           ++stats.puts;
           stats.bytes_sent += bytes;
           sent_to[target] += static_cast<uint64_t>(bytes);

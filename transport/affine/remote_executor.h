@@ -16,10 +16,12 @@
 //      one table per target process (one store key a source reads once per batch); a source
 //      unpacks each registration's remote key once and keeps it across batches; each source process puts every innermost row of its segments straight into the
 //      target buffer (one-sided, no staging copy when the row is contiguous at both ends; a row
-//      strided at the source is packed into a staging buffer of at most `staging_bytes` first; a
-//      row strided at the target goes element by element); rows whose target is in the same
+//      strided at the source is packed into a staging buffer of at most `staging_bytes` first, a
+//      segment dense at the target in chunks of kStagingChunkBytes, one put each; a row strided
+//      at the target goes element by element); rows whose target is in the same
 //      process are copied directly. At most `staging_bytes` are in flight per process: a round
-//      ends with a flush of every endpoint it used (then the staging buffer is reused).
+//      ends with a flush of every endpoint it used (then the staging buffer is reused; sooner
+//      while every put from it completed in place, as puts into shared memory do).
 //   4. Finish: each source process tells each target process how many bytes it put there; a
 //      target returns when every source has (its worker progresses meanwhile, as emulated RMA
 //      on one machine needs).
@@ -111,6 +113,10 @@ class RemoteExecutor {
   // machine lets puts land in shared memory without emulation): target buffers inside it are
   // published with their offset instead of being registered again.
   void use_registered(std::shared_ptr<UcxMemory> memory);
+
+  // A segment packed through staging goes in puts of at most this many bytes (fewer when
+  // staging_bytes is smaller), each put as soon as it is packed, while the chunk is in cache.
+  static constexpr int64_t kStagingChunkBytes = int64_t{256} << 10;
 
  private:
   UcxPeers& peers_;

@@ -114,10 +114,10 @@ void UcxEndpoint::put(const void* local, size_t bytes, const UcxRemoteKey& remot
   context_.wait(request, timeout, "put of " + std::to_string(bytes) + " bytes to " + peer_name_);
 }
 
-void UcxEndpoint::put_nowait(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
+bool UcxEndpoint::put_nowait(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
                              std::chrono::milliseconds timeout) {
   check_range("put", remote, offset, bytes);
-  if (bytes == 0) return;
+  if (bytes == 0) return true;
   if (pending_.size() >= kMaxPending) {
     // Fast path: progress until the oldest put is done; the named, bounded wait only when slow.
     void* oldest = pending_.front();
@@ -137,7 +137,9 @@ void UcxEndpoint::put_nowait(const void* local, size_t bytes, const UcxRemoteKey
   if (UCS_PTR_IS_ERR(request))
     throw TransportError("UCX put of " + std::to_string(bytes) + " bytes to " + peer_name_ +
                          " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
-  if (request) pending_.push_back(request);
+  if (!request) return true;  // completed in place
+  pending_.push_back(request);
+  return false;
 }
 
 void UcxEndpoint::get(void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,

@@ -82,9 +82,12 @@ class UcxEndpoint {
   void put(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
            std::chrono::milliseconds timeout);
   // The same without waiting for local completion: up to `kMaxPending` puts stay in flight (the
-  // oldest is waited for beyond that); `local` must stay unchanged until `flush()` returned.
-  // Back-to-back puts this way pipeline like ucx_perftest's ucp_put_bw.
-  void put_nowait(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
+  // oldest is waited for beyond that); `local` must stay unchanged until `flush()` returned,
+  // unless this returned true: the put completed in place (UCX copied `local` out already, as a
+  // put into a peer's shared memory does), so `local` may be reused at once (the bytes are
+  // visible at the peer after `flush()` either way). Back-to-back puts this way pipeline like
+  // ucx_perftest's ucp_put_bw.
+  bool put_nowait(const void* local, size_t bytes, const UcxRemoteKey& remote, size_t offset,
                   std::chrono::milliseconds timeout);
   static constexpr size_t kMaxPending = 64;
   // Copies `bytes` of the peer's buffer at `offset` into `local`.
