@@ -8,7 +8,8 @@ compared with, one JSON line each, and a "vs_baselines" line with every ratio:
                 the repeats; min and max given): the bandwidth a user sees, agreement included.
   perftest      ucx_perftest ucp_put_bw (a server and a client on loopback, the same UCX_TLS) with
                 its own UCX-allocated buffers at both ends, as the sink's targets are (shared memory
-                on one node: a put is one memcpy into it), at every put size the sync sends:
+                on one node: a put is one memcpy into it), at every put size the sync sends (a
+                row-parallel shard, copied row by row into the mapped target, at its whole size):
                 "at_sync_sizes" is what perftest would take for the sync's puts (their bytes at each
                 size over perftest's bandwidth there, summed); "largest_put" is perftest at the
                 largest. Perftest re-puts one buffer, so below the caches' size (L2 2 MiB, L3 32 MiB

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "actors/actor_runtime.h"
@@ -91,30 +92,15 @@ long minor_faults() {
   return usage.ru_minflt;
 }
 
-// The puts a RemoteExecutor issues for one segment (transport/affine/remote_executor.cpp): a
-// segment of 2+ axes whose target is one dense block goes through staging as chunks of at most
-// RemoteExecutor::kStagingChunkBytes (or `staging_bytes`, when smaller); any other segment as one
-// put per innermost row (contiguous at the target) or per element. Calls f(bytes) per put;
-// staging chunks may be cut shorter where a previous segment left the staging buffer part full,
-// so the count is a lower bound.
-template <class F>
-void for_each_put(const tessera::affine::Segment& s, int64_t element_size, int64_t staging_bytes, F&& f) {
-  const int nd = s.shape.size();
-  if (s.elements() == 0) return;
-  int64_t expected = 1;
-  bool dense = true;
-  for (int k = nd - 1; k >= 0; --k) {
-    if (s.shape[k] != 1 && s.target_strides[k] != expected) dense = false;
-    expected *= s.shape[k];
-  }
-  if (nd > 1 && dense) {
-    const int64_t chunk = std::min(staging_bytes, tessera::transport::RemoteExecutor::kStagingChunkBytes);
-    for (int64_t left = s.elements() * element_size; left > 0; left -= chunk) f(std::min(left, chunk));
-    return;
-  }
-  const bool rows = nd > 0 && s.target_strides[nd - 1] == 1;
-  const int64_t run = rows ? s.shape[nd - 1] : 1;
-  for (int64_t i = 0; i < s.elements() / run; ++i) f(run * element_size);
+// The puts a RemoteExecutor issues for one segment (transport/affine/remote_executor.cpp) into
+// a rollout rank's weights, which are UCX-allocated and so, on one machine, mapped into the
+// sender: a segment that is one contiguous run is one put of its bytes; any other (a row-parallel
+// shard: rows strided at the source) is copied row by row straight into the mapping, and counts
+// here as the one put of its bytes that coalescing it would make (the size ucx_perftest is run at
+// for those bytes). Calls f(bytes) per put.
+void for_each_put(const tessera::affine::Segment& s, int64_t element_size, int64_t /*staging_bytes*/,
+                  const std::function<void(int64_t)>& f) {
+  if (s.elements() > 0) f(s.elements() * element_size);
 }
 
 }  // namespace

@@ -14,14 +14,17 @@
 //      affine::TransferRefusedError (built from the same votes), with no byte moved.
 //   3. Move: target buffers are registered with UCX (once per buffer; cached) and published as
 //      one table per target process (one store key a source reads once per batch); a source
-//      unpacks each registration's remote key once and keeps it across batches; each source process puts every innermost row of its segments straight into the
-//      target buffer (one-sided, no staging copy when the row is contiguous at both ends; a row
-//      strided at the source is packed into a staging buffer of at most `staging_bytes` first, a
-//      segment dense at the target in chunks of kStagingChunkBytes, one put each; a row strided
-//      at the target goes element by element); rows whose target is in the same
-//      process are copied directly. At most `staging_bytes` are in flight per process: a round
-//      ends with a flush of every endpoint it used (then the staging buffer is reused; sooner
-//      while every put from it completed in place, as puts into shared memory do).
+//      unpacks each registration's remote key once and keeps it across batches. Each source
+//      process puts every innermost row of its segments straight into the target buffer
+//      (one-sided, no staging copy when the row is contiguous at both ends; a row strided at the
+//      source is packed into a staging buffer of at most `staging_bytes` first, a segment dense
+//      at the target in chunks of kStagingChunkBytes, one put each; a row strided at the target
+//      goes element by element). A target buffer UCX maps into this process (a peer's
+//      UCX-allocated memory on the same machine: UcxRemoteKey::mapped) takes every segment but a
+//      single contiguous run (still one put) by direct copies instead. Rows whose target is in
+//      the same process are copied directly. At most `staging_bytes` are in flight per process:
+//      a round ends with a flush of every endpoint it used (then the staging buffer is reused;
+//      sooner while every put from it completed in place, as puts into shared memory do).
 //   4. Finish: each source process tells each target process how many bytes it put there; a
 //      target returns when every source has (its worker progresses meanwhile, as emulated RMA
 //      on one machine needs).
@@ -89,6 +92,7 @@ struct RemoteTransferStats {
   int64_t bytes_received = 0;        // put into this process's targets by others
   int64_t bytes_copied_locally = 0;  // source and target in this process
   int64_t bytes_staged = 0;          // packed into staging first (rows strided at the source)
+  int64_t bytes_mapped = 0;          // of bytes_sent: copied straight into a target UCX maps here
   int64_t useful_bytes = 0;          // bytes of this process's target elements (each once)
   int64_t staging_peak_bytes = 0;    // bytes of the staging buffer this batch filled at most in one round
   // (bytes_received + bytes copied into this process's targets) / useful_bytes; 1.0 when no

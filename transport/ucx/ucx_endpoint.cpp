@@ -63,6 +63,12 @@ UcxRemoteKey::UcxRemoteKey(UcxEndpoint& endpoint, const std::vector<uint8_t>& de
     throw TransportError("UCX ucp_ep_rkey_unpack for " + endpoint.peer_name() + " failed: " + ucs_status_string(status));
 }
 
+void* UcxRemoteKey::mapped(size_t offset) const {
+  if (!rkey_ || offset >= bytes_) return nullptr;
+  void* local = nullptr;
+  return ucp_rkey_ptr(rkey_, base_ + offset, &local) == UCS_OK ? local : nullptr;
+}
+
 UcxRemoteKey::~UcxRemoteKey() {
   if (rkey_) ucp_rkey_destroy(rkey_);
 }

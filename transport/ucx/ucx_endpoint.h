@@ -61,6 +61,11 @@ class UcxRemoteKey {
   uint64_t base() const { return base_; }
   size_t bytes() const { return bytes_; }
   ucp_rkey_h handle() const { return rkey_; }
+  // Where the buffer's byte `offset` is in this process, when UCX maps the peer's buffer here
+  // (ucp_rkey_ptr: memory the peer allocated through UCX, on the same machine, is shared memory
+  // attached by unpacking this key); nullptr otherwise. Stores through it are the peer's bytes,
+  // visible to it after a fence (what UCX's own put into that memory does).
+  void* mapped(size_t offset) const;
 
  private:
   uint64_t base_ = 0;
