@@ -64,7 +64,8 @@ struct WeightSyncOptions {
   int64_t staging_bytes = int64_t{64} << 20;  // in flight per process per round
   // Which training rank sends a weight every rank holds (ZeRO 0-2): "lowest" sends everything
   // from rank 0, "balanced" spreads the bytes over the training ranks (for ranks with their own
-  // cores and links; on 2 shared cores one sender measured faster: bench/sync, 1.3 s vs 2.3 s),
+  // cores and links; on 2 shared cores one sender was faster, 1.3 s vs 2.3 s in bench/sync before
+  // the transport's fixes of 80a531b/4f75f3f, not measured since),
   // "local" reads from a holder on the rollout rank's node when there is one (nodes named by
   // TESSERA_NODE_NAME, else the host name), the least loaded of them.
   // Both jobs must agree (part of the handshake).
