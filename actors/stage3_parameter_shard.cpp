@@ -252,7 +252,7 @@ struct Stage3ShardState {
 
   // Gathers ahead along the record (after a fetch's reply went out).
   void prefetch() {
-    if (!following) return;
+    if (!following || spec->prefetch_elements <= 0) return;
     int64_t ahead = 0;
     for (const auto& [u, f] : inflight)
       if (u >= 0) ahead += numel(u);
@@ -302,7 +302,7 @@ struct Stage3ShardState {
     if (begin) {
       in_window = true;
       position = 0;
-      following = !recording && spec->prefetch_elements > 0;
+      following = !recording;
       return;
     }
     in_window = false;
@@ -381,7 +381,7 @@ struct Stage3ShardState {
     // An update ends a window: the first one's fetches are the record; the next window follows it.
     ++windows;
     if (recording && !trace.empty()) recording = false;
-    following = !recording && spec->prefetch_elements > 0;
+    following = !recording;  // (also without prefetch: reuse follows the record too)
     position = 0;
   }
 

@@ -119,6 +119,11 @@ TEST_CASE("Units kept for reuse (stage3_max_reuse_distance) train bitwise as uni
   CHECK(gathers(kept.stats) < gathers(released.stats));
   CHECK(kept.stats.divergences == 0);
   expect_same_parameters(kept.params, released.params);
+  // Without prefetch the record is followed all the same: units are kept for reuse.
+  const auto no_prefetch = train(unlimited, unlimited, 0);
+  CHECK(no_prefetch.stats.prefetch_issued == 0);
+  CHECK(no_prefetch.stats.kept_for_reuse > 0);
+  expect_same_parameters(no_prefetch.params, released.params);
   // A tight live bound: at most max_live elements stay gathered, plus the unit a fetch asks for.
   const int64_t max_live = 2 * released.largest;
   const auto tight = train(unlimited, max_live, 5000);
