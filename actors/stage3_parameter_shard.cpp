@@ -79,6 +79,8 @@ struct Stage3ShardState {
 
   const zero::ShardingPlan& plan() const { return *spec->plan; }
   int64_t numel(int64_t unit) const { return plan().units()[size_t(unit)].gathered_numel; }
+  // Elements of every unit gathered (or on its way) now: what stage3_max_live_parameters bounds.
+  int64_t live_elements() const { return params->gathered_bytes() / int64_t(c10::elementSize(spec->dtype)); }
   std::string unit_name(int64_t unit) const {
     if (unit == kPersistent) return "(the persistent parameters)";
     if (unit == kWriteback) return "(a gathered-parameters write-back)";
@@ -256,7 +258,7 @@ struct Stage3ShardState {
     int64_t ahead = 0;
     for (const auto& [u, f] : inflight)
       if (u >= 0) ahead += numel(u);
-    int64_t live = params->gathered_bytes() / int64_t(c10::elementSize(spec->dtype));
+    int64_t live = live_elements();
     for (size_t k = position; k < trace.size(); ++k) {
       const int64_t u = trace[k];
       if (params->gathered(u)) continue;  // gathered or in flight
@@ -288,8 +290,7 @@ struct Stage3ShardState {
 
   // After a use: released, unless it is reused soon and the live bound allows keeping it.
   void release_after_use(int64_t unit) {
-    const int64_t live = params->gathered_bytes() / int64_t(c10::elementSize(spec->dtype));
-    if (params->gathered(unit) && !inflight.count(unit) && live <= spec->max_live_elements && reused_soon(unit)) {
+    if (params->gathered(unit) && !inflight.count(unit) && live_elements() <= spec->max_live_elements && reused_soon(unit)) {
       ++counters.kept_for_reuse;
       return;
     }

@@ -429,12 +429,12 @@ Engine::Scope Engine::autocast() {
 }
 Engine::Scope Engine::forward_scope() {
   impl_->rethrow_pending();
-  auto guard = std::make_shared<actors::AutocastGuard>(impl_->settings.autocast, at::kBFloat16);
+  auto autocast_scope = std::make_shared<Scope>(autocast());
   auto stage3 = impl_->stage3;
   if (stage3) stage3->begin_forward();
-  return Scope([guard, stage3]() mutable {
+  return Scope([autocast_scope, stage3]() mutable {
     if (stage3) stage3->end_forward();
-    guard.reset();
+    autocast_scope.reset();
   });
 }
 int64_t Engine::global_steps() const { return impl_->global; }
