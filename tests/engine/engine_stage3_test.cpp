@@ -2,7 +2,7 @@
 // layout rules (core/zero/unit_layout.h), storage-level release checked through storage().nbytes(),
 // the refusal of modules no tessera::Unit holder calls, and training (parameter groups, no_sync,
 // coalesce_grad_reduction, bf16/fp16/autocast, two engines, accumulation) against stage 2 and
-// LibTorch. Bitwise at <= 2 ranks; at 4, relative L2 <= 1e-5 (bf16/fp16: 2e-3): stage 2 reduces
+// LibTorch (storage maps and gathered_parameters() scopes: engine_stage3_scopes_test.cpp). Bitwise at <= 2 ranks; at 4, relative L2 <= 1e-5 (bf16/fp16: 2e-3): stage 2 reduces
 // buckets to owners and stage 3 reduce-scatters segments, which may sum 4 ranks in another order.
 // A released parameter has no memory: every read of one here is inside gathered_parameters().
 #include <catch2/catch.hpp>
@@ -13,128 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "actors/actor_runtime.h"
 #include "actors/engine/engine.h"
-#include "core/affine/affine_map.h"
-#include "core/affine/builders.h"  // replicated
-#include "core/affine/local_executor.h"
-#include "core/affine/planner.h"
-#include "core/config/load.h"
 #include "core/nn/tiny_gpt.h"
 #include "core/zero/unit_holder.h"
-#include "tests/engine/engine_test_support.h"
-#include "transport/communicator.h"
+#include "tests/engine/stage3_test_support.h"
 
 namespace {
 
-using namespace tessera::engine_testing;
-using Params = std::map<std::string, torch::Tensor>;
-
-tessera::nn::GptConfig gpt(uint64_t seed = 41) { return small_gpt_config(seed); }
-
-torch::Tensor rank_loss(tessera::nn::TinyGpt& m, int step, int micro, int rank, uint64_t data_seed = 7) {
-  auto b = corpus().batch(data_seed, step, micro, 8, 16, rank, kWorld);
-  return m.loss(b.tokens, b.targets);
-}
-
-// threshold < 0 leaves stage3_param_persistence_threshold out (DeepSpeed's default, 100,000).
-std::string config_text(int stage, int64_t threshold = 100, int accumulation = 1, const std::string& extra = "") {
-  std::string c = "train_micro_batch_size_per_gpu = " + std::to_string(8 / kWorld) + "\ngradient_accumulation_steps = " +
-                  std::to_string(accumulation) + "\n" + extra +
-                  "[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 3e-3\nweight_decay = 0.01\n"
-                  "[zero_optimization]\nstage = " + std::to_string(stage) + "\nreduce_bucket_size = 3000\n";
-  if (stage == 3 && threshold >= 0) c += "stage3_param_persistence_threshold = " + std::to_string(threshold) + "\n";
-  return c + "[tessera.transport]\ncollective_timeout_ms = 60000\n";
-}
-
-std::shared_ptr<tessera::Engine> make_engine(std::shared_ptr<torch::nn::Module> m, const std::string& text,
-                                             const tessera::InitializeOptions& options = {}) {
-  auto config = tessera::config::load_config_text(text, tessera::config::Format::toml, "stage3_test");
-  return tessera::initialize(std::move(m), config, options).engine;
-}
-
-Params gathered_snapshot(tessera::Engine& e) {
-  auto scope = e.gathered_parameters();
-  return snapshot_parameters(*e.module());
-}
-
-// `steps` updates of `accumulation` micro-steps, forwards through engine.forward() (torch_autocast's place).
-Params train_on(tessera::Engine& e, int steps, int accumulation, const std::function<torch::Tensor(int, int)>& loss) {
-  for (int step = 0; step < steps; ++step)
-    for (int micro = 0; micro < accumulation; ++micro) {
-      e.backward(e.forward([&] { return loss(step, micro); }));
-      e.step();
-    }
-  return gathered_snapshot(e);
-}
-
-Params train(tessera::nn::TinyGpt& m, tessera::Engine& e, int steps, int accumulation = 1, uint64_t data_seed = 7) {
-  return train_on(e, steps, accumulation,
-                  [&](int step, int micro) { return rank_loss(m, step, micro, kRank, data_seed); });
-}
-
-Params run_gpt(int stage, int64_t threshold, int steps, int accumulation = 1, const std::string& extra = "",
-               uint64_t data_seed = 7) {
-  tessera::nn::TinyGpt m(gpt());
-  auto e = make_engine(m.module(), config_text(stage, threshold, accumulation, extra));
-  return train(m, *e, steps, accumulation, data_seed);
-}
-
-// Same dtype; bitwise at <= 2 ranks (or as told); each tensor's relative L2 difference <= tol everywhere.
-void expect_same(const Params& actual, const Params& expected, double tol = 1e-5, bool bitwise = kWorld <= 2) {
-  REQUIRE(actual.size() == expected.size());
-  for (const auto& [name, p] : expected) {
-    const auto& q = actual.at(name);
-    const auto a = p.to(torch::kFloat), b = q.to(torch::kFloat);
-    INFO(name << " max |diff| " << (a - b).abs().max().item<double>());
-    CHECK(q.scalar_type() == p.scalar_type());
-    if (bitwise) CHECK(torch::equal(p, q));
-    CHECK((a - b).norm().item<double>() <= tol * a.norm().item<double>());
-  }
-}
-
-// Negative control for the comparisons: training moved every tensor.
-void expect_all_changed(const Params& after, const Params& before) {
-  for (const auto& [name, p] : before) {
-    INFO(name);
-    CHECK_FALSE(torch::equal(p, after.at(name)));
-  }
-}
-
-// LibTorch's optimizer on every rank's gradients: backwards(step, rank) runs that rank's
-// backwards into .grad; the ranks' sums are averaged as Gloo does ((g_0 + ... + g_W-1) / W).
-Params oracle_run(torch::nn::Module& m, torch::optim::Optimizer& opt, int steps,
-                  const std::function<void(int, int)>& backwards) {
-  auto params = m.parameters();
-  for (int step = 0; step < steps; ++step) {
-    std::vector<torch::Tensor> sums(params.size());
-    for (int rank = 0; rank < kWorld; ++rank) {
-      for (auto& p : params) p.mutable_grad() = torch::Tensor();
-      backwards(step, rank);
-      for (size_t i = 0; i < params.size(); ++i)
-        sums[i] = rank == 0 ? params[i].grad().clone() : sums[i].add_(params[i].grad());
-    }
-    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = sums[i].div_(kWorld);
-    opt.step();
-  }
-  return snapshot_parameters(m);
-}
-
-torch::optim::AdamWOptions adamw_options(double lr = 3e-3, double wd = 0.01) {
-  return torch::optim::AdamWOptions(lr).weight_decay(wd);
-}
-
-// Stage 3 keeps a parameter gathered iff numel <= threshold; the others have no memory between
-// steps (storage-level release) and all of it inside a gathered_parameters() scope. Releases are
-// messages to the parameter-shard: a request to it (memory()) first lets it handle them.
-void expect_released(tessera::Engine& e, int64_t threshold, bool released) {
-  (void)e.memory();
-  for (auto& item : e.module()->named_parameters()) {
-    INFO(item.key() << " (" << item.value().numel() << " elements) nbytes " << item.value().storage().nbytes());
-    if (released && item.value().numel() > threshold) CHECK(item.value().storage().nbytes() == 0);
-    else CHECK(item.value().storage().nbytes() > 0);
-  }
-}
+using namespace tessera::stage3_testing;
 
 // unit_layout.h's rules re-derived from the shapes: a unit is the module owning its parameters;
 // each segment (one flat group here) is padded to a multiple of 2 * W and cut into W pieces; the
@@ -203,42 +89,6 @@ struct Mlp : torch::nn::Module {
 // fc1.weight (192 elements) is a unit at threshold 100; fc1.bias and fc2's 24 + 1 are persistent.
 std::shared_ptr<Mlp<torch::nn::Linear>> plain_mlp() { return std::make_shared<Mlp<torch::nn::Linear>>(3, 24); }
 using Fp16Mlp = Mlp<tessera::Unit<UpcastLinear>>;
-
-// Every rank's `mine` (one size on all ranks), indexed by rank.
-std::vector<torch::Tensor> gather_buffers(const torch::Tensor& mine) {
-  static std::shared_ptr<tessera::transport::Communicator> world = [] {
-    tessera::transport::CommunicatorOptions o;
-    o.name = "stage3_test";
-    o.timeout = std::chrono::seconds(60);
-    return tessera::transport::Communicator::gloo(tessera::actors::job_store(), kRank, kWorld, o);
-  }();
-  auto flat = mine.contiguous().view(-1);
-  auto all = torch::empty({flat.numel() * kWorld}, flat.options());
-  if (kWorld == 1) all.copy_(flat);
-  else world->all_gather(flat, all)->wait();
-  return all.chunk(kWorld);
-}
-
-// The full (fp32) tensor a map describes, rebuilt from every rank's buffer into a NaN-filled target.
-torch::Tensor rebuild(const tessera::affine::TensorMap& map, const std::vector<torch::Tensor>& buffers) {
-  auto plan = tessera::affine::plan(tessera::affine::replicated({map.name, map.dtype, map.shape}, 1), map);
-  auto full = torch::full(map.shape.to_vector(), std::nan(""), torch::TensorOptions().dtype(torch::kFloat));
-  tessera::affine::LocalTransfer transfer;
-  transfer.plan = &plan;
-  for (int r = 0; r < kWorld; ++r) transfer.source_buffers[r] = {buffers[r].data_ptr(), buffers[r].numel(), map.dtype};
-  transfer.target_buffers[0] = {full.data_ptr(), full.numel(), map.dtype};
-  tessera::affine::execute_local({transfer});
-  return full;
-}
-
-// kind -> name -> the full tensor, from every rank's storage.
-std::map<std::string, Params> rebuild_all(const tessera::EngineStorage& storage) {
-  std::map<std::string, std::vector<torch::Tensor>> gathered;
-  for (const auto& [key, buffer] : storage.buffers) gathered[key] = gather_buffers(buffer);
-  std::map<std::string, Params> out;
-  for (const auto& [kind, buffer, map] : storage.maps) out[kind][map.name] = rebuild(map, gathered.at(buffer));
-  return out;
-}
 
 }  // namespace
 
@@ -547,37 +397,6 @@ TEST_CASE("A joint loss over a stage-3 and a stage-2 engine with a plain loss.ba
   expect_same(run(3), run(2));
 }
 
-TEST_CASE("Stage-3 storage maps rebuild the gathered weights bitwise, and masters and states equal stage 2's",
-          "[engine][stage3][storage]") {
-  tessera::nn::TinyGpt m(gpt()), m2(gpt());
-  auto e = make_engine(m.module(), config_text(3)), e2 = make_engine(m2.module(), config_text(2));
-  const auto weights = train(m, *e, 3);
-  train(m2, *e2, 3);
-  const auto storage = e->storage_maps();
-  REQUIRE(storage.maps.size() == 4 * weights.size());  // param, master, exp_avg, exp_avg_sq
-  const auto full = rebuild_all(storage), full2 = rebuild_all(e2->storage_maps());
-  for (const std::string kind : {"param", "master", "exp_avg", "exp_avg_sq"}) {
-    REQUIRE(full.at(kind).size() == weights.size());
-    for (const auto& [name, t] : full.at(kind)) {
-      INFO(kind << " of " << name);
-      CHECK_FALSE(torch::isnan(t).any().item<bool>());
-      // fp32: the master is the weights' partition, so both rebuild to the gathered weights.
-      if (kind == "param" || kind == "master") CHECK(torch::equal(t, weights.at(name)));
-      if (kWorld <= 2) CHECK(torch::equal(t, full2.at(kind).at(name)));
-      else CHECK(torch::allclose(t, full2.at(kind).at(name), 1e-4, 1e-6));
-    }
-  }
-  // for_each_gathered_parameter: every parameter once, with its trained value; units released after.
-  std::map<std::string, int> seen;
-  e->for_each_gathered_parameter([&](const std::string& name, const at::Tensor& w) {
-    ++seen[name];
-    CHECK(torch::equal(w, weights.at(name)));
-  });
-  CHECK(seen.size() == weights.size());
-  for (const auto& [name, n] : seen) CHECK(n == 1);
-  expect_released(*e, 100, true);
-}
-
 TEST_CASE("Accumulation 2 with the default threshold (every parameter persistent, no unit) equals stage 2",
           "[engine][stage3]") {
   tessera::nn::TinyGpt m(gpt());
@@ -587,22 +406,6 @@ TEST_CASE("Accumulation 2 with the default threshold (every parameter persistent
   const auto stage3 = train(m, *e, 3, 2);
   expect_released(*e, 100000, false);
   expect_same(stage3, run_gpt(2, -1, 3, 2));
-}
-
-TEST_CASE("A backward inside a gathered_parameters() scope, step outside, equals stage 2", "[engine][stage3]") {
-  tessera::nn::TinyGpt m(gpt());
-  auto e = make_engine(m.module(), config_text(3));
-  for (int step = 0; step < 3; ++step) {
-    {
-      auto scope = e->gathered_parameters({"h.0.mlp.c_fc.weight", "lm_head.weight", "h.1.ln_1.bias"});
-      e->backward(rank_loss(m, step, 0, kRank));
-      (void)e->memory();  // the shard has handled the backward's releases
-      CHECK(m.module()->named_parameters()["lm_head.weight"].storage().nbytes() > 0);
-      CHECK(m.module()->named_parameters()["wte.weight"].storage().nbytes() == 0);
-    }
-    e->step();
-  }
-  expect_same(gathered_snapshot(*e), run_gpt(2, 100, 3));
 }
 
 TEST_CASE("Units with a persistent bias beside a partitioned weight, and frozen biases, at stage 3 equal stage 2",
@@ -624,56 +427,4 @@ TEST_CASE("Units with a persistent bias beside a partitioned weight, and frozen 
     return out;
   };
   expect_same(run(3), run(2));
-}
-
-TEST_CASE("A second initialize on a model a live stage-3 engine holds is refused before anything changes",
-          "[engine][stage3]") {
-  tessera::nn::TinyGpt m(gpt());
-  auto e = make_engine(m.module(), config_text(3));
-  {
-    // Inside a scope the parameters have memory: the refusal comes from the unit registry.
-    auto scope = e->gathered_parameters();
-    CHECK_THROWS_WITH(make_engine(m.module(), config_text(3)), Catch::Contains("another live engine"));
-  }
-  // Outside one they have none: refused (not a crash), at any stage.
-  for (int stage : {2, 3})
-    CHECK_THROWS_WITH(make_engine(m.module(), config_text(stage)), Catch::Contains("has no memory"));
-  {
-    auto scope = e->gathered_parameters();
-    for (auto& item : m.module()->named_parameters()) {
-      INFO(item.key() << " nbytes " << item.value().storage().nbytes());
-      REQUIRE(item.value().storage().nbytes() > 0);  // the first engine still owns its weights
-    }
-  }
-  expect_same(train(m, *e, 2), run_gpt(3, 100, 2));
-}
-
-TEST_CASE("step() inside a gathered_parameters() scope is refused; after the scope it updates as usual",
-          "[engine][stage3]") {
-  // A pinned unit would keep its pre-step values while the partitions move on.
-  tessera::nn::TinyGpt m(gpt());
-  auto e = make_engine(m.module(), config_text(3));
-  {
-    auto scope = e->gathered_parameters();
-    e->backward(rank_loss(m, 0, 0, kRank));
-    CHECK_THROWS_WITH(e->step(), Catch::Contains("gathered_parameters"));
-  }
-  e->step();
-  e->backward(rank_loss(m, 1, 0, kRank));
-  e->step();
-  expect_same(gathered_snapshot(*e), run_gpt(2, 100, 2));
-}
-
-TEST_CASE("A unit's memory is freed when its gathered_parameters() scope ends", "[engine][stage3]") {
-  // The scope's end waits for the parameter-shard to release (a unit's forward and a backward's
-  // end only send the release).
-  tessera::nn::TinyGpt m(gpt());
-  auto e = make_engine(m.module(), config_text(3));
-  auto weight = m.module()->named_parameters()["lm_head.weight"];
-  int late = 0;
-  for (int i = 0; i < 20; ++i) {
-    { auto scope = e->gathered_parameters({"lm_head.weight"}); }
-    late += weight.storage().nbytes() > 0 ? 1 : 0;
-  }
-  CHECK(late == 0);
 }

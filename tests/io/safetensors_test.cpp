@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "core/io/safetensors.h"
+#include "tests/io/tensor_bytes.h"
 #include "tests/io/test_util.h"
 
 namespace {

@@ -1,9 +1,9 @@
 // Helpers of the io tests: a fresh temporary directory per test, raw file bytes, hand-built
-// safetensors files, byte-wise tensor comparison and "refused with a CheckpointError" checks.
+// safetensors files and "refused with a CheckpointError" checks. LibTorch-free (the config tests
+// include it); byte-wise tensor comparison is tensor_bytes.h.
 #pragma once
 
 #include <catch2/catch.hpp>
-#include <torch/torch.h>
 
 #include <atomic>
 #include <filesystem>
@@ -64,15 +64,6 @@ inline std::string le64(uint64_t value) {
 // A safetensors file by hand: le64(json.size()) + json + data.
 inline void write_raw_safetensors(const std::string& path, const std::string& json, const std::string& data) {
   write_file_bytes(path, le64(json.size()) + json + data);
-}
-
-// The tensor's bytes in row-major order, as a 1-D uint8 tensor (NaN payloads and -0.0 included).
-inline at::Tensor bytes_of(const at::Tensor& tensor) {
-  return tensor.contiguous().reshape({-1}).view(at::kByte);
-}
-
-inline bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && torch::equal(bytes_of(a), bytes_of(b));
 }
 
 // The message of the CheckpointError `action` throws; fails the test on any other outcome.

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/io/weight_directory.h"
+#include "tests/io/tensor_bytes.h"
 #include "tests/io/test_util.h"
 
 namespace {
