@@ -38,6 +38,45 @@ struct Fnv {
 
 std::string name_of(const ProcessId& p) { return "job '" + p.job + "' rank " + std::to_string(p.rank); }
 
+// Per-tensor digests as one store value: "<hex digest> <tensor name>" lines, in batch order.
+std::string encode_transfer_digests(const std::vector<std::pair<std::string, uint64_t>>& digests) {
+  std::ostringstream out;
+  for (const auto& [name, d] : digests) out << std::hex << d << ' ' << name << '\n';
+  return out.str();
+}
+
+std::vector<std::pair<std::string, uint64_t>> decode_transfer_digests(const std::string& text) {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto space = line.find(' ');
+    if (space == std::string::npos) continue;
+    out.emplace_back(line.substr(space + 1), std::stoull(line.substr(0, space), nullptr, 16));
+  }
+  return out;
+}
+
+// What a refusal names: the first transfer (in batch order) whose plan differs between two processes.
+std::string first_differing_transfer(const std::vector<std::pair<std::string, uint64_t>>& a,
+                                     const std::vector<std::pair<std::string, uint64_t>>& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (a[i].first != b[i].first)
+      return "transfer " + std::to_string(i) + " is tensor '" + a[i].first + "' on the first and '" + b[i].first +
+             "' on the second";
+    if (a[i].second != b[i].second) {
+      size_t more = 0;
+      for (size_t j = i + 1; j < std::min(a.size(), b.size()); ++j) more += a[j] != b[j] ? 1 : 0;
+      return "tensor '" + a[i].first + "' is planned differently (transfer " + std::to_string(i) + " of " +
+             std::to_string(a.size()) + (more ? "; " + std::to_string(more) + " later transfers differ too" : "") +
+             ": source or target maps, dtype or placement)";
+    }
+  }
+  if (a.size() != b.size())
+    return "the batches have " + std::to_string(a.size()) + " and " + std::to_string(b.size()) + " transfers";
+  return "every tensor's plan is the same (the batches differ in session or epoch)";
+}
+
 // Calls f(source_address, target_address, elements, source_step) for every run of a segment: a
 // run is a whole innermost row when that axis is contiguous at the target (source_step is the
 // source stride along it: 1 = contiguous at both ends), a single element otherwise.
@@ -184,6 +223,7 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   // 1. Local validation (nothing leaves this process yet) and the digest of the batch.
   std::string reject;
   Fnv digest;
+  std::vector<std::pair<std::string, uint64_t>> transfer_digests;  // (tensor, digest) in batch order
   digest.str(session_);
   digest.u64(epoch);
   digest.u64(batch.size());
@@ -194,12 +234,15 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
       break;
     }
     const Plan& plan = *t.plan;
-    digest.u64(plan.digest());
-    digest.u64(plan.input_digest);
+    Fnv transfer_digest;  // kept per transfer, to name the tensor when the batch digests differ
+    transfer_digest.u64(plan.digest());
+    transfer_digest.u64(plan.input_digest);
     for (const auto* side : {&t.source_processes, &t.target_processes}) {
-      digest.u64(side->size());
-      for (const auto& p : *side) digest.str(p.job), digest.u64(static_cast<uint64_t>(p.rank));
+      transfer_digest.u64(side->size());
+      for (const auto& p : *side) transfer_digest.str(p.job), transfer_digest.u64(static_cast<uint64_t>(p.rank));
     }
+    digest.u64(transfer_digest.h);
+    transfer_digests.emplace_back(plan.name, transfer_digest.h);
     const int64_t es = affine::element_size(plan.dtype);
     // Placement only: the buffers themselves are checked by affine::validate_local_batch below.
     auto check = [&](const char* role, int rank, const std::vector<ProcessId>& placement,
@@ -283,6 +326,7 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
     store->set("vote/" + me.job + "/" + std::to_string(me.rank), vote.str());
     std::string first_reject, mismatch;
     uint64_t first_digest = 0;
+    size_t differing = 0;  // the first process whose digest differs from order[0]'s
     for (size_t i = 0; i < order.size(); ++i) {
       auto text = store->get_string("vote/" + order[i].job + "/" + std::to_string(order[i].rank), options_.timeout);
       std::istringstream in(text);
@@ -298,6 +342,25 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
         m << "the processes planned different batches: " << name_of(order[0]) << " has digest " << std::hex
           << first_digest << ", " << name_of(order[i]) << " has " << d;
         mismatch = m.str();
+        differing = i;
+      }
+    }
+    if (first_reject.empty() && !mismatch.empty()) {
+      // Every process read the same votes, so every one takes this path: each publishes its
+      // per-tensor digests and compares the two processes the message names (only on failure).
+      const std::string key = "transfers/" + me.job + "/" + std::to_string(me.rank);
+      published.push_back(key);
+      published_ = published;  // the next epoch removes them
+      try {
+        store->set(key, encode_transfer_digests(transfer_digests));
+        mismatch += "; " + first_differing_transfer(
+                               decode_transfer_digests(store->get_string(
+                                   "transfers/" + order[0].job + "/" + std::to_string(order[0].rank), options_.timeout)),
+                               decode_transfer_digests(store->get_string("transfers/" + order[differing].job + "/" +
+                                                                             std::to_string(order[differing].rank),
+                                                                         options_.timeout)));
+      } catch (const std::exception& e) {
+        mismatch += std::string("; the per-tensor digests could not be compared: ") + e.what();
       }
     }
     if (!first_reject.empty() || !mismatch.empty())
