@@ -12,7 +12,8 @@ compared with, one JSON line each, and a "vs_baselines" line with every ratio:
                 row-parallel shard, copied row by row into the mapped target, at its whole size):
                 "at_sync_sizes" is what perftest would take for the sync's puts (their bytes at each
                 size over perftest's bandwidth there, summed); "largest_put" is perftest at the
-                largest. Perftest re-puts one buffer, so below the caches' size (L2 2 MiB, L3 32 MiB
+                largest; "streaming" is perftest putting one sender's whole share at once (at least
+                twice the last-level cache), so that its bytes come from memory as the sync's do. Perftest re-puts one buffer, so below the caches' size (L2 2 MiB, L3 32 MiB
                 here) it moves cache-resident bytes; the sync's 327 MB never are: this baseline
                 flatters perftest, not the sync.
   memcpy        the like-for-like one: each sender copies its same segments (core/affine's local
@@ -139,6 +140,31 @@ for size in sorted(put_sizes):
                       "sync_bytes": size * put_sizes[size], "perftest_memory": "ucx_allocated", "ucx_tls": tls,
                       "perftest_iterations": runs[0][1], "perftest_runs_MiB_s": [round(b, 1) for b, _ in runs],
                       "perftest_MiB_s": round(perftest_MiB_s[size], 1)}))
+# Streaming perftest: one put of a sender's whole share (at least twice the last-level cache, so that
+# neither buffer stays cache-resident between iterations, as the sync's bytes never are): what UCX
+# moves per second when the bytes come from and go to memory, the like-for-like form of perftest.
+def last_level_cache_bytes():
+    sizes = []
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for index in (os.listdir(base) if os.path.isdir(base) else []):
+        try:
+            text = open(os.path.join(base, index, "size")).read().strip()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=32 * 2**20)
+
+
+llc = last_level_cache_bytes()
+streaming_size = max(2 * llc, sent // len(senders)) // 4096 * 4096
+streaming_runs = [put_bandwidth(streaming_size) for _ in range(args.perftest_runs)]
+perftest_streaming = sorted(b for b, _ in streaming_runs)[len(streaming_runs) // 2]
+print(json.dumps({"bench": "weight_sync", "mode": "ucx_perftest_streaming", "message_bytes": streaming_size,
+                  "last_level_cache_bytes": llc, "perftest_memory": "ucx_allocated", "ucx_tls": tls,
+                  "perftest_iterations": streaming_runs[0][1],
+                  "perftest_runs_MiB_s": [round(b, 1) for b, _ in streaming_runs],
+                  "perftest_MiB_s": round(perftest_streaming, 1)}))
 at_sizes_s = sum(size * n / 2**20 / perftest_MiB_s[size] for size, n in put_sizes.items())
 perftest_at_sizes = sum(size * n for size, n in put_sizes.items()) / 2**20 / at_sizes_s
 largest = max(put_sizes)
@@ -154,6 +180,8 @@ print(json.dumps({"bench": "weight_sync", "mode": "vs_baselines", "ucx_tls": tls
                   "memcpy_same_segments_ms": memcpy_ms[""], "memcpy_same_segments_MiB_s": round(memcpy_MiB_s, 1),
                   "ratio_sync_to_perftest_at_sync_sizes": r(sync_MiB_s[""] / perftest_at_sizes),
                   "ratio_sync_to_perftest_largest_put": r(sync_MiB_s[""] / perftest_MiB_s[largest]),
+                  "perftest_streaming_bytes": streaming_size, "perftest_streaming_MiB_s": round(perftest_streaming, 1),
+                  "ratio_sync_to_perftest_streaming": r(sync_MiB_s[""] / perftest_streaming),
                   "ratio_sync_to_memcpy": r(sync_MiB_s[""] / memcpy_MiB_s),
                   "ratio_sync_to_memcpy_per_sync": {"median": r(per_sync[len(per_sync) // 2]), "min": r(per_sync[0]),
                                                     "max": r(per_sync[-1])},
