@@ -94,12 +94,18 @@ bool WeightSender::Impl::pack(WeightSyncStats& stats) {
         continue;
       }
       const affine::LocalBuffer before{base->second.data_ptr(), base->second.numel(), l.plans[i].dtype};
-      affine::append_delta(l.plans[i], l.rank, t, now, before, packets[size_t(t)], s);
+      auto& packet = packets[size_t(t)];
+      // Every packet together stays within the staging budget, while they are built too.
+      const bool fits = affine::append_delta(l.plans[i], l.rank, t, now, before, packet, s,
+                                             int64_t(packet.size()) + l.options.staging_bytes - total);
       stats.changed_elements += s.changed;
       stats.full_bytes += s.elements * affine::element_size(l.plans[i].dtype);
       total += s.bytes;
+      if (!fits) {
+        packets.assign(packets.size(), {});  // the full sync follows: free them now
+        return false;
+      }
     }
-    if (total > l.options.staging_bytes) return false;
   }
   return true;
 }

@@ -1,5 +1,6 @@
 #include "core/affine/delta_packet.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -40,17 +41,25 @@ void put_u32(std::vector<uint8_t>& out, uint32_t v) {
 }
 
 // Element bits compared as one unsigned word of the element's size.
+// Returns false, with `packet` unchanged, when the segment's entry would pass `limit` bytes of packet.
+// Positions are kept only while a sparse entry is still smaller than a dense one (and within the
+// limit), so the scratch never outgrows the entry.
 template <class Word>
-void append_segment(const Segment& s, const uint8_t* current, const uint8_t* last, std::vector<uint8_t>& packet,
-                    DeltaPacketStats& stats) {
+bool append_segment(const Segment& s, const uint8_t* current, const uint8_t* last, std::vector<uint8_t>& packet,
+                    int64_t limit, DeltaPacketStats& stats) {
   constexpr int64_t es = sizeof(Word);
   const int64_t n = s.elements();
+  const int64_t room = limit - int64_t(packet.size()) - 4;  // after the entry's header
+  if (room < 0) return false;
+  const int64_t sparse_cap = std::min(n * es, room) / (4 + es);  // more changes: dense (or over the limit)
   std::vector<uint32_t> positions;
+  int64_t changed = 0;
   auto compare = [&](int64_t e, int64_t position) {
     Word now, before;
     std::memcpy(&now, current + e, es);
     std::memcpy(&before, last + e, es);
-    if (now != before) positions.push_back(static_cast<uint32_t>(position));
+    if (now == before) return;
+    if (changed++ < sparse_cap) positions.push_back(static_cast<uint32_t>(position));
   };
   for_each_row(s, true, [&](int64_t at, int64_t length, int64_t stride, int64_t position) {
     int64_t i = 0;
@@ -67,10 +76,12 @@ void append_segment(const Segment& s, const uint8_t* current, const uint8_t* las
     }
     for (; i < length; ++i) compare((at + i * stride) * es, position + i);
   });
+  const bool dense = changed * (4 + es) >= n * es;
+  if ((dense ? n * es : changed * (4 + es)) > room) return false;
   stats.elements += n;
-  stats.changed += static_cast<int64_t>(positions.size());
+  stats.changed += changed;
   const size_t start = packet.size();
-  if (int64_t(positions.size()) * (4 + es) >= n * es) {
+  if (dense) {
     ++stats.dense_segments;
     put_u32(packet, kDenseSegment);
     packet.resize(packet.size() + size_t(n * es));
@@ -94,6 +105,7 @@ void append_segment(const Segment& s, const uint8_t* current, const uint8_t* las
     });
   }
   stats.bytes += static_cast<int64_t>(packet.size() - start);
+  return true;
 }
 
 // Target offset of the element at `position` of the segment's row-major walk.
@@ -108,8 +120,8 @@ int64_t target_address(const Segment& s, int64_t position) {
 
 }  // namespace
 
-void append_delta(const Plan& plan, int source_rank, int target_rank, const LocalBuffer& current,
-                  const LocalBuffer& last, std::vector<uint8_t>& packet, DeltaPacketStats& stats) {
+bool append_delta(const Plan& plan, int source_rank, int target_rank, const LocalBuffer& current,
+                  const LocalBuffer& last, std::vector<uint8_t>& packet, DeltaPacketStats& stats, int64_t limit_bytes) {
   const int64_t es = element_size(plan.dtype);
   const auto* now = static_cast<const uint8_t*>(current.data);
   const auto* before = static_cast<const uint8_t*>(last.data);
@@ -118,14 +130,17 @@ void append_delta(const Plan& plan, int source_rank, int target_rank, const Loca
     if (s.elements() >= int64_t(kDenseSegment))
       throw TransportError("delta packet for tensor '" + plan.name + "': a segment of " + std::to_string(s.elements()) +
                            " elements is beyond 32-bit positions");
+    bool fits = false;
     switch (es) {
-      case 1: append_segment<uint8_t>(s, now, before, packet, stats); break;
-      case 2: append_segment<uint16_t>(s, now, before, packet, stats); break;
-      case 4: append_segment<uint32_t>(s, now, before, packet, stats); break;
-      case 8: append_segment<uint64_t>(s, now, before, packet, stats); break;
+      case 1: fits = append_segment<uint8_t>(s, now, before, packet, limit_bytes, stats); break;
+      case 2: fits = append_segment<uint16_t>(s, now, before, packet, limit_bytes, stats); break;
+      case 4: fits = append_segment<uint32_t>(s, now, before, packet, limit_bytes, stats); break;
+      case 8: fits = append_segment<uint64_t>(s, now, before, packet, limit_bytes, stats); break;
       default: throw TransportError("delta packet: element size " + std::to_string(es) + " of '" + plan.name + "'");
     }
+    if (!fits) return false;
   }
+  return true;
 }
 
 size_t apply_delta(const Plan& plan, int source_rank, int target_rank, const uint8_t* packet, size_t size,

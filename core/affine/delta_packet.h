@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "core/affine/local_executor.h"
@@ -33,9 +34,13 @@ struct DeltaPacketStats {
 
 // Appends to `packet` the pair's entries of `plan`: `current` and `last` are the source rank's
 // buffer now and at the last sync (same layout). `last` is only read (a source element may go to
-// several targets); the caller makes it current once every packet is built.
-void append_delta(const Plan& plan, int source_rank, int target_rank, const LocalBuffer& current,
-                  const LocalBuffer& last, std::vector<uint8_t>& packet, DeltaPacketStats& stats);
+// several targets); the caller makes it current once every packet is built. Returns false as soon
+// as the next entry would take `packet` past `limit_bytes` (a staging budget): the packet then ends
+// after the last entry that fitted, is not a valid delta, and the caller sends the full plan
+// instead. Neither the packet nor the scratch of one segment outgrows the limit.
+bool append_delta(const Plan& plan, int source_rank, int target_rank, const LocalBuffer& current,
+                  const LocalBuffer& last, std::vector<uint8_t>& packet, DeltaPacketStats& stats,
+                  int64_t limit_bytes = std::numeric_limits<int64_t>::max());
 
 // Reads the pair's entries of `plan` from packet[cursor...] and writes them into the target rank's
 // buffer, which must hold the last synced version. Returns the cursor after them. A packet that

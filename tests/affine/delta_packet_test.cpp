@@ -127,3 +127,39 @@ TEST_CASE("delta packets: a target without the last version is not repaired (neg
                     Catch::Contains("position outside its segment") && Catch::Contains("'w'"));
   CHECK(untouched == std::vector<uint16_t>(256, 5));
 }
+
+TEST_CASE("delta packets: a byte limit stops packing before the packet passes it", "[affine][delta]") {
+  // Rows on 2 -> columns on 3: several segments per pair; 2% (sparse) or 90% (dense) changed.
+  for (const double fraction : {0.02, 0.9}) {
+    INFO("changed " << fraction);
+    const TensorInfo info{"w", DType::bf16, {64, 48}};
+    const Plan plan = tessera::affine::plan(contiguous_split(info, 1, even_split_sizes(48, 3)),
+                                            contiguous_split(info, 0, even_split_sizes(64, 2)));
+    std::mt19937_64 rng(3);
+    std::vector<uint16_t> last(32 * 48), current;
+    for (auto& x : last) x = uint16_t(rng());
+    current = last;
+    std::bernoulli_distribution change(fraction);
+    for (auto& x : current)
+      if (change(rng)) x ^= 1;
+    const LocalBuffer now{current.data(), int64_t(current.size()), DType::bf16},
+        before{last.data(), int64_t(last.size()), DType::bf16};
+    std::vector<uint8_t> unlimited;
+    DeltaPacketStats all;
+    REQUIRE(append_delta(plan, 0, 1, now, before, unlimited, all));
+    REQUIRE(unlimited.size() > 8);
+    // Exactly the size it needs: the same packet.
+    std::vector<uint8_t> exact;
+    DeltaPacketStats s1;
+    CHECK(append_delta(plan, 0, 1, now, before, exact, s1, int64_t(unlimited.size())));
+    CHECK(exact == unlimited);
+    // One byte less, or half: refused, and the packet never passed the limit.
+    for (const int64_t limit : {int64_t(unlimited.size()) - 1, int64_t(unlimited.size()) / 2, int64_t{0}}) {
+      std::vector<uint8_t> cut;
+      DeltaPacketStats s2;
+      CHECK_FALSE(append_delta(plan, 0, 1, now, before, cut, s2, limit));
+      CHECK(int64_t(cut.size()) <= limit);
+      CHECK(s2.bytes == int64_t(cut.size()));
+    }
+  }
+}

@@ -45,7 +45,15 @@ WeightSyncOptions sync_options(const std::string& session) {
   o.replica_policy = session.find("stage1") != std::string::npos ? "lowest" : "balanced";  // both policies
   if (session.find("local") != std::string::npos) o.replica_policy = "local";
   o.delta = session.find("delta") != std::string::npos;
+  // "budget": delta packets that cannot fit the staging budget (fp32: nearly every element changes),
+  // so every sync is full; packing stops at the budget instead of building them whole.
+  if (session.find("budget") != std::string::npos) o.staging_bytes = 16 << 10;
   return o;
+}
+
+// Whether sync `round` of `session` is a delta (the first is always full; "budget" never fits).
+bool expect_delta(const std::string& session, int round) {
+  return round > 0 && session.find("delta") != std::string::npos && session.find("budget") == std::string::npos;
 }
 
 void train(const std::string& family, int stage, const std::string& session, int rounds = 2) {
@@ -78,7 +86,8 @@ void train(const std::string& family, int stage, const std::string& session, int
                   stats.sync_ms, stats.verify_ms, stats.cast_ms, static_cast<long long>(stats.cast_mirror_bytes),
                   int(stats.delta), static_cast<long long>(stats.changed_elements), static_cast<long long>(stats.full_bytes));
     CHECK((round == 0) == (stats.plan_ms > 0));
-    CHECK(stats.delta == (round > 0 && session.find("delta") != std::string::npos));
+    CHECK(stats.delta == expect_delta(session, round));
+    if (session.find("budget") != std::string::npos && round > 0) CHECK(stats.changed_elements > 0);  // it did try
     if (local) {  // this rank sent exactly what the rollout ranks on its node received
       const int rollout_size = std::stoi(marks->get_string("rollout_size", std::chrono::seconds(90)));
       int64_t on_my_node = 0;
@@ -121,7 +130,7 @@ void receive(const std::string& family, const std::string& session, at::ScalarTy
   for (int round = 0; round < rounds; ++round) {
     const auto stats = sink.receive();
     CHECK(stats.version == uint64_t(round + 1));
-    const bool delta = round > 0 && session.find("delta") != std::string::npos;
+    const bool delta = expect_delta(session, round);
     CHECK(stats.delta == delta);
     if (!delta) CHECK(stats.wire_to_useful == 1.0);
     CHECK(stats.pause_ms > 0);
@@ -175,6 +184,9 @@ TEST_CASE("Training at DP 2 (stages 1, 2, 3) syncs into a rollout TP group bit f
   else receive("llama", "llama_delta", at::kFloat, 3);
   if (kTraining) train("qwen2", 1, "qwen2_bf16_delta_stage1", 3);
   else receive("qwen2", "qwen2_bf16_delta_stage1", at::kBFloat16, 3);
+  // Delta packets over the staging budget: full syncs instead, still exact.
+  if (kTraining) train("llama", 2, "llama_delta_budget", 2);
+  else receive("llama", "llama_delta_budget", at::kFloat, 2);
   // Replicas read on the rollout rank's node.
   if (kTraining) train("llama", 2, "llama_local");
   else receive("llama", "llama_local");
@@ -248,6 +260,7 @@ TEST_CASE("Training at DP 2 (stages 1, 2, 3) syncs into a rollout TP group bit f
     for (int round : {0, 1}) fs::remove_all(oracle_dir("qwen2_bf16", round));
     for (int round : {0, 1, 2}) fs::remove_all(oracle_dir("llama_delta", round));
     for (int round : {0, 1, 2}) fs::remove_all(oracle_dir("qwen2_bf16_delta_stage1", round));
+    for (int round : {0, 1}) fs::remove_all(oracle_dir("llama_delta_budget", round));
     for (int round : {0, 1}) fs::remove_all(oracle_dir("llama_local", round));
   }
 }
