@@ -11,7 +11,9 @@
 //   2. Agree before any byte moves: each process publishes (digest of the batch: plan digests,
 //      input digests, placements; reject flag; reason) in the store, and reads everyone's. One
 //      reject or one differing digest makes EVERY process throw the same
-//      affine::TransferRefusedError (built from the same votes), with no byte moved.
+//      affine::TransferRefusedError (built from the same votes), with no byte moved; for differing
+//      digests every process then publishes its per-tensor digests, and the error names the first
+//      tensor planned differently.
 //   3. Move: target buffers are registered with UCX (once per buffer; cached) and published as
 //      one table per target process (one store key a source reads once per batch); a source
 //      unpacks each registration's remote key once and keeps it across batches. Each source
