@@ -40,6 +40,7 @@
 #include "actors/actor_runtime.h"
 #include "actors/parameter_shard.h"
 #include "core/error.h"
+#include "core/log/log.h"
 
 namespace tessera::actors {
 namespace {
@@ -213,10 +214,10 @@ struct Stage3ShardState {
       } else {
         following = false;
         if (!warned && spec->rank == 0)
-          std::fprintf(stderr, "[tessera] ZeRO-3: %s window %lld left the recorded module order at fetch %zu "
-                               "(recorded %s, now %s); gathering on demand for the rest of the window\n",
-                       spec->forward_windows ? "forward" : "update", static_cast<long long>(windows), position,
-                       position < trace.size() ? unit_name(trace[position]).c_str() : "(the end)", unit_name(unit).c_str());
+          log::warn(std::string("ZeRO-3: ") + (spec->forward_windows ? "forward" : "update") + " window " +
+                    std::to_string(windows) + " left the recorded module order at fetch " + std::to_string(position) +
+                    " (recorded " + (position < trace.size() ? unit_name(trace[position]) : std::string("(the end)")) +
+                    ", now " + unit_name(unit) + "); gathering on demand for the rest of the window");
         warned = true;
         ++counters.divergences;
         // Units gathered ahead for the record's next steps will not be asked for now.

@@ -14,7 +14,7 @@ target_include_directories(tessera_all INTERFACE $<INSTALL_INTERFACE:include>)
 set_target_properties(tessera_all PROPERTIES EXPORT_NAME tessera)
 add_library(tessera::tessera ALIAS tessera_all)
 
-set(_tessera_targets tessera_all tessera_base tessera_core tessera_affine tessera_config tessera_optim tessera_zero tessera_nn tessera_data
+set(_tessera_targets tessera_all tessera_base tessera_log tessera_core tessera_affine tessera_config tessera_optim tessera_zero tessera_nn tessera_data
     tessera_io_header tessera_io
     tessera_transport tessera_actors)
 install(TARGETS ${_tessera_targets} EXPORT tesseraTargets

@@ -31,6 +31,7 @@
 #include "actors/protocol.h"
 #include "actors/unit_grad_staging.h"
 #include "core/error.h"
+#include "core/log/log.h"
 #include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
 #include "core/zero/grad_ready_hooks.h"
@@ -297,7 +298,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       });
   for (const auto& hp : impl->hyperparameters()) impl->last_lrs.push_back(hp.lr);
   if (rank == 0) {
-    for (const auto& warning : resolved.warnings) std::fprintf(stderr, "[tessera] config: %s\n", warning.c_str());
+    for (const auto& warning : resolved.warnings) log::warn("config: " + warning);
   }
   Initialized out;
   out.engine = std::make_shared<Engine>(std::move(impl));
@@ -354,8 +355,8 @@ void Engine::step() {
   if (s.scaler) {
     const auto update = s.scaler->update(report.overflow);
     if (report.overflow && s.spec->rank == 0)
-      std::fprintf(stderr, "[tessera] step %lld: %s (skipped steps: %lld)\n", static_cast<long long>(s.global),
-                   update.describe().c_str(), static_cast<long long>(s.skipped));
+      log::warn("step " + std::to_string(s.global) + ": " + update.describe() + " (skipped steps: " +
+                std::to_string(s.skipped) + ")");
   }
   ++s.global;
   s.micro->updated();
