@@ -40,6 +40,30 @@ void put_u32(std::vector<uint8_t>& out, uint32_t v) {
                        " to target rank " + std::to_string(target_rank) + ": " + what);
 }
 
+// The elements of an 8-byte word (little-endian: element k in bits [8 es k, 8 es (k + 1))) whose bits
+// differ, given diff = now ^ before: the top bit of each such element's lane set, the rest clear.
+// (A lane is nonzero iff adding all-ones-but-the-top to its low bits carries into the top bit, or
+// the top bit is set itself.)
+template <int64_t es>
+uint64_t changed_lanes(uint64_t diff) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "delta packets assume little-endian words");
+  constexpr uint64_t top = es == 1 ? 0x8080808080808080ull
+                           : es == 2 ? 0x8000800080008000ull
+                           : es == 4 ? 0x8000000080000000ull
+                                     : 0x8000000000000000ull;
+  return (((diff & ~top) + ~top) | diff) & top;
+}
+
+// How many lanes changed_lanes marked: the marks shifted to each lane's bit 0, summed into the top
+// lane by one multiplication (no popcount instruction needed; the build targets baseline x86-64).
+template <int64_t es>
+int64_t lane_count(uint64_t lanes) {
+  constexpr int bits = 8 * es;
+  if constexpr (es == 8) return int64_t(lanes >> 63);
+  constexpr uint64_t ones = es == 1 ? 0x0101010101010101ull : es == 2 ? 0x0001000100010001ull : 0x0000000100000001ull;
+  return int64_t(((lanes >> (bits - 1)) * ones) >> (64 - bits));
+}
+
 // Element bits compared as one unsigned word of the element's size.
 // Returns false, with `packet` unchanged, when the segment's entry would pass `limit` bytes of packet.
 // Positions are kept only while a sparse entry is still smaller than a dense one (and within the
@@ -53,30 +77,45 @@ bool append_segment(const Segment& s, const uint8_t* current, const uint8_t* las
   if (room < 0) return false;
   const int64_t sparse_cap = std::min(n * es, room) / (4 + es);  // more changes: dense (or over the limit)
   std::vector<uint32_t> positions;
-  int64_t changed = 0;
+  int64_t changed = 0, seen = 0;
+  // Set once the rows so far are dense (a sparse entry of them would be no smaller): from then on
+  // changes are only counted and the segment goes whole. Either entry is exact, so deciding early
+  // costs at most a whole segment where positions would have been smaller; it saves collecting
+  // positions of a segment where most elements changed (fp32 after an Adam step).
+  bool counting_only = false;
+  auto note = [&](int64_t position) {
+    if (changed++ < sparse_cap) positions.push_back(static_cast<uint32_t>(position));
+  };
   auto compare = [&](int64_t e, int64_t position) {
     Word now, before;
     std::memcpy(&now, current + e, es);
     std::memcpy(&before, last + e, es);
-    if (now == before) return;
-    if (changed++ < sparse_cap) positions.push_back(static_cast<uint32_t>(position));
+    if (now != before) note(position);
   };
   for_each_row(s, true, [&](int64_t at, int64_t length, int64_t stride, int64_t position) {
     int64_t i = 0;
     if (stride == 1) {
-      // Contiguous: skip 8-byte words whose bits all equal (most of them, when few changed).
+      // Contiguous: a word of 8 bytes at a time, equal words skipped, the changed elements of a
+      // word found (or only counted) without a branch per element.
       constexpr int64_t per_word = 8 / es;
       for (; i + per_word <= length; i += per_word) {
         uint64_t x, y;
         std::memcpy(&x, current + (at + i) * es, 8);
         std::memcpy(&y, last + (at + i) * es, 8);
-        if (x != y)
-          for (int64_t k = 0; k < per_word; ++k) compare((at + i + k) * es, position + i + k);
+        uint64_t lanes = changed_lanes<es>(x ^ y);
+        if (!lanes) continue;
+        if (counting_only || changed >= sparse_cap) {
+          changed += lane_count<es>(lanes);
+          continue;
+        }
+        for (; lanes; lanes &= lanes - 1) note(position + i + __builtin_ctzll(lanes) / (8 * es));
       }
     }
     for (; i < length; ++i) compare((at + i * stride) * es, position + i);
+    seen += length;
+    if (changed * (4 + es) >= seen * es) counting_only = true;
   });
-  const bool dense = changed * (4 + es) >= n * es;
+  const bool dense = counting_only || changed * (4 + es) >= n * es;
   if ((dense ? n * es : changed * (4 + es)) > room) return false;
   stats.elements += n;
   stats.changed += changed;
@@ -84,11 +123,12 @@ bool append_segment(const Segment& s, const uint8_t* current, const uint8_t* las
   if (dense) {
     ++stats.dense_segments;
     put_u32(packet, kDenseSegment);
-    packet.resize(packet.size() + size_t(n * es));
-    uint8_t* out = packet.data() + packet.size() - n * es;
-    for_each_row(s, true, [&](int64_t at, int64_t length, int64_t stride, int64_t position) {
-      if (stride == 1) return void(std::memcpy(out + position * es, current + at * es, size_t(length * es)));
-      for (int64_t i = 0; i < length; ++i) std::memcpy(out + (position + i) * es, current + (at + i * stride) * es, es);
+    // Appended row by row in walk order (no zero-filled resize first: every byte is written once).
+    packet.reserve(packet.size() + size_t(n * es));
+    for_each_row(s, true, [&](int64_t at, int64_t length, int64_t stride, int64_t) {
+      const uint8_t* from = current + at * es;
+      if (stride == 1) return void(packet.insert(packet.end(), from, from + length * es));
+      for (int64_t i = 0; i < length; ++i, from += stride * es) packet.insert(packet.end(), from, from + es);
     });
   } else {
     put_u32(packet, static_cast<uint32_t>(positions.size()));
