@@ -369,7 +369,9 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
         }
         return done;
       },
-      [=](memory_atom) -> int64_t { return self->state.memory(); },
+      [=](memory_atom) -> ReducerMemory {
+        return {self->state.memory(), bytes(self->state.norm_scratch)};
+      },
   };
 }
 

@@ -123,6 +123,7 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
         }
         out.master_bytes = s.store->master_bytes();
         out.state_bytes = s.store->state_bytes();
+        out.workspace_bytes = s.workspace.bytes();
         return out;
       },
   };

@@ -163,8 +163,16 @@ struct OptimizerStates {
   std::vector<at::Tensor> masters;              // per flat group (undefined: the weights are the master)
   std::vector<std::vector<at::Tensor>> states;  // per flat group, in its state_names order
   int64_t master_bytes = 0;
-  int64_t state_bytes = 0;                      // states and the kernels' workspace
+  int64_t state_bytes = 0;                      // every state
+  int64_t workspace_bytes = 0;                  // the kernels' reusable temporaries (optim::Workspace)
   std::exception_ptr error;
+};
+
+// What the gradient-reducer holds: gradients (flat buffers, accumulators, reduced partitions,
+// staging, deferred .grad) and scratch (the clipping norm's double buffer).
+struct ReducerMemory {
+  int64_t gradients = 0;
+  int64_t scratch = 0;
 };
 
 struct SyncReport {
@@ -177,7 +185,7 @@ using gradient_reducer_actor = caf::typed_actor<
     caf::reacts_to<segments_atom, StagedSegments>,
     caf::reacts_to<flush_atom>, caf::reacts_to<reclaim_atom>, caf::reacts_to<poll_atom>,
     caf::replies_to<fold_atom>::with<Done>, caf::replies_to<finish_atom, FinishRequest>::with<GradientsReady>,
-    caf::replies_to<zero_atom>::with<Done>, caf::replies_to<memory_atom>::with<int64_t>>;
+    caf::replies_to<zero_atom>::with<Done>, caf::replies_to<memory_atom>::with<ReducerMemory>>;
 
 using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
@@ -196,6 +204,7 @@ using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRe
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Done)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::SyncReport)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::ReducerMemory)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedBucket)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedSegments)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::FinishRequest)

@@ -93,6 +93,9 @@ struct EngineMemory {
                                  // any .grad not a view of them (partitioned gradients)
   int64_t master = 0;            // fp32 master partitions
   int64_t optimizer_states = 0;  // every state of every partition
+  int64_t scratch = 0;           // reusable temporaries: the clipping norm's buffer, the optimizer's
+                                 // workspace (from the first step on). Not counted: Gloo's own buffers.
+  int64_t total() const { return parameters + gradients + master + optimizer_states + scratch; }
 };
 
 // ZeRO-3's gathers since initialize (zeros at stages 0-2).

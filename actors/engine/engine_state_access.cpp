@@ -105,11 +105,15 @@ EngineMemory Engine::memory() const {
   for (const auto& b : buffers.tensors) m.parameters += int64_t(b.numel() * b.element_size());
   m.parameters += buffers.gathered_bytes;
   if (s.inference) return m;
-  m.gradients = actors::ask<int64_t>(s.reducer, s.bound(), "memory: the gradient-reducer", actors::memory_atom::value);
+  const auto reducer =
+      actors::ask<actors::ReducerMemory>(s.reducer, s.bound(), "memory: the gradient-reducer", actors::memory_atom::value);
+  m.gradients = reducer.gradients;
+  m.scratch = reducer.scratch;
   const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
                                                                            "memory: the optimizer-shard", actors::states_atom::value));
   m.master = states.master_bytes;
   m.optimizer_states = states.state_bytes;
+  m.scratch += states.workspace_bytes;
   return m;
 }
 

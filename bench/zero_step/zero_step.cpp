@@ -44,11 +44,11 @@
 //   peak_gathered_mb  stage 3: the most unit storage gathered at once (Stage3Stats), next to
 //                 max_live_mb and prefetch_bucket_mb (the settings, capped at the model's size)
 // and Engine::memory() between steps (engine_parameters_mb: the weight buffers, at stage 3 the
-// partition and the persistent parameters, plus gathered units: none between steps). other_mb =
-// live_mb - Engine::memory()'s total: what the engine does not report, found with this allocator:
-// the reducer's clipping scratch (min(largest partition, 2^20) doubles: 8 MiB), the optimizer's
-// workspace (one partition, allocated at the first step) and, at stage 2/3, the staging ring or,
-// at stage 3, Gloo's cached reduce-scatter buffers (one per distinct unit-segment size, up to 8).
+// partition and the persistent parameters, plus gathered units: none between steps; engine_scratch_mb:
+// the reducer's clipping scratch, min(largest partition, 2^20) doubles, and the optimizer's
+// workspace, one partition from the first step). other_mb = live_mb - Engine::memory()'s total:
+// what the engine does not report, found with this allocator: Gloo's cached buffers (at stage 3
+// one per distinct unit-segment size) and small bookkeeping.
 #include <CLI/CLI.hpp>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -221,13 +221,12 @@ int main(int argc, char** argv) {
                   "\"micro_batch\":%d,\"persistence_threshold\":%lld,\"live_mb\":%.2f,\"peak_fwd_bwd_mb\":%.2f,"
                   "\"peak_step_mb\":%.2f,\"peak_init_mb\":%.2f,\"engine_parameters_mb\":%.2f,"
                   "\"engine_gradients_mb\":%.2f,\"engine_master_mb\":%.2f,\"engine_states_mb\":%.2f,"
-                  "\"other_mb\":%.2f,\"fp32_model_mb\":%.2f,\"peak_gathered_mb\":%.2f,\"max_live_mb\":%.2f,"
+                  "\"engine_scratch_mb\":%.2f,\"other_mb\":%.2f,\"fp32_model_mb\":%.2f,\"peak_gathered_mb\":%.2f,\"max_live_mb\":%.2f,"
                   "\"prefetch_bucket_mb\":%.2f,\"reuse_distance\":%lld}\n",
                   stage, rank, world, static_cast<long long>(parameters), micro,
                   static_cast<long long>(stage == 3 ? threshold : -1), live * mb, fwd_bwd_peak * mb, step_peak * mb,
                   init_peak * mb, double(em.parameters) * mb, double(em.gradients) * mb, double(em.master) * mb,
-                  double(em.optimizer_states) * mb,
-                  (live - double(em.parameters + em.gradients + em.master + em.optimizer_states)) * mb,
+                  double(em.optimizer_states) * mb, double(em.scratch) * mb, (live - double(em.total())) * mb,
                   double(parameters) * 4 * mb, double(s3.peak_gathered_bytes) * mb,
                   double(std::min<int64_t>(max_live, parameters)) * 4 * mb,
                   double(prefetch_modes != "off" ? std::min<int64_t>(prefetch_bucket, parameters) : 0) * 4 * mb,

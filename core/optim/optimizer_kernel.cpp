@@ -24,6 +24,13 @@ at::Tensor Workspace::get(size_t slot, int64_t elements, const at::TensorOptions
   return t.narrow(0, 0, elements);
 }
 
+int64_t Workspace::bytes() const {
+  int64_t n = 0;
+  for (const auto& t : slots_)
+    if (t.defined()) n += int64_t(t.numel() * t.element_size());
+  return n;
+}
+
 std::vector<at::Tensor> OptimizerKernel::initial_states(const at::Tensor& p) const {
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < state_names().size(); ++i)

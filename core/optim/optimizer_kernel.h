@@ -41,6 +41,7 @@ class Workspace {
   // The first `elements` elements of slot `slot`, with `options` (dtype, device).
   at::Tensor get(size_t slot, int64_t elements, const at::TensorOptions& options);
   int64_t allocations() const { return allocations_; }  // buffers allocated so far (tests, benches)
+  int64_t bytes() const;                                 // every slot's buffer
 
  private:
   std::vector<at::Tensor> slots_;

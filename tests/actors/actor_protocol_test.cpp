@@ -111,7 +111,7 @@ TEST_CASE("gradient-reducer (stage 1): ready in any order, finish gives the aver
   for (int64_t j = 0; j < partition.numel(); ++j)
     CHECK(partition[j].item<float>() == f.average(layout.partition_begin(kRank) + j));
   CHECK_FALSE(ready.overflow);
-  CHECK(ask<int64_t>(reducer, kTimeout, "memory", memory_atom::value) == layout.padded_numel * 4);
+  CHECK(ask<ReducerMemory>(reducer, kTimeout, "memory", memory_atom::value).gradients == layout.padded_numel * 4);
   checked(ask<Done>(reducer, kTimeout, "zero", zero_atom::value));
   CHECK(f.a.grad().abs().sum().item<float>() == 0.0f);
   CHECK(f.b.grad().data_ptr() != nullptr);  // still a view, now zero
