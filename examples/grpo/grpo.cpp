@@ -8,8 +8,11 @@
 //                   policy's log-probabilities (pi_old: the policy before this batch's first update;
 //                   --epochs updates per batch, so from the second on the ratio moves and the clip
 //                   matters), minimises the clipped-ratio objective (eps 0.2) with an optional k3 KL
-//                   to the post-warm-up policy (--kl-beta), token-level normalisation over the whole
-//                   batch, then syncs the weights into the rollout job (--delta: changed elements only).
+//                   to the post-warm-up policy (--kl-beta) and an optional entropy bonus (--entropy-coef),
+//                   token-level normalisation over the whole batch, then syncs the weights into the
+//                   rollout job (--delta: changed elements only). --advantage position (opt-in, not GRPO's
+//                   sequence-level credit): each answer digit's advantage is its own position's correctness,
+//                   group-normalised.
 //   --role rollout  (TP ranks) a RolloutEngine; per step it generates with the weights after every
 //                   update so far (version step + 1: 1 is the warmed-up policy) and publishes samples.
 //                   --sync-mode in_place: it receives each sync itself, generation cannot run while
@@ -21,7 +24,7 @@
 // Rank 0 of the training job prints a line per step (reward, KL, loss, tokens/s, the
 // training-vs-rollout log-prob mismatch, sync ms and whether it was a delta, pause ms, sync bytes)
 // and writes a CSV (also the lr, the mean negative log-prob of the samples, the clipped fraction,
-// and the accuracy of each answer position).
+// the accuracy of each answer position and the policy's mean entropy at the answer tokens).
 #include <CLI/CLI.hpp>
 
 #include <torch/torch.h>
@@ -56,6 +59,8 @@ struct Args {
   int epochs = 1, lr_warmup = 0;
   double lr = 1e-3, sft_lr = 3e-3, temperature = 1.0, clip = 0.2, kl_beta = 0.0, max_grad_norm = 1.0;
   double beta1 = 0.9, beta2 = 0.99, min_lr_ratio = 0.1;
+  double entropy_coef = 0.0;  // weight of the per-token entropy bonus (0: off)
+  std::string advantage = "sequence";    // sequence | position (see --advantage)
   std::string lr_schedule = "constant";  // constant | linear | cosine (after lr_warmup steps, down to min_lr_ratio)
   bool std_norm = true;                   // advantages (r - mean) / (std + eps); false: r - mean
   uint64_t seed = 1;
@@ -260,7 +265,7 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
     csv << "step,reward,kl,loss,logprob_mismatch,tokens_per_s,sync_ms,pause_ms,sync_bytes,generate_ms,step_ms,lr,"
            "neg_logprob,clip_frac,delta,changed_elements,full_bytes,rollout_wait_ms";
     for (int k = 0; k < grpo::kDigits; ++k) csv << ",acc" << k + 1;
-    csv << "\n";
+    csv << ",entropy\n";
     std::printf("grpo: %lld-parameter %s policy, %d training ranks (ZeRO-%d), %d prompts x %d samples per step, %d "
                 "update(s) per batch; warm-up %d steps; sync %s%s; first sync %.1f ms (plan %.1f ms)\n",
                 static_cast<long long>(tessera::nn::decoder_parameter_count(config)), config.model_type(), world,
@@ -296,20 +301,36 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
         position_right[size_t(k)] += (k < int(c.size()) && c[size_t(k)] == want[size_t(k)]) ? 1.0 / sequences : 0.0;
     }
     neg_logprob /= double(std::max<int64_t>(1, total_tokens));
-    for (int g = 0; g < a.prompts; ++g) {
-      double m = 0, v = 0;
-      for (int j = 0; j < a.group; ++j) m += rewards[size_t(g * a.group + j)] / a.group;
-      for (int j = 0; j < a.group; ++j) v += std::pow(rewards[size_t(g * a.group + j)] - m, 2) / std::max(1, a.group - 1);
-      for (int j = 0; j < a.group; ++j)
-        advantages[size_t(g * a.group + j)] =
-            (rewards[size_t(g * a.group + j)] - m) / (a.std_norm ? std::sqrt(v) + 1e-6 : 1.0);
+    // Group normalisation of one score per sample (score(i) for i in 0..sequences-1) into `out`.
+    const auto normalise = [&](const auto& score, auto&& out) {
+      for (int g = 0; g < a.prompts; ++g) {
+        double m = 0, v = 0;
+        for (int j = 0; j < a.group; ++j) m += score(g * a.group + j) / a.group;
+        for (int j = 0; j < a.group; ++j) v += std::pow(score(g * a.group + j) - m, 2) / std::max(1, a.group - 1);
+        for (int j = 0; j < a.group; ++j)
+          out(g * a.group + j, (score(g * a.group + j) - m) / (a.std_norm ? std::sqrt(v) + 1e-6 : 1.0));
+      }
+    };
+    normalise([&](int i) { return rewards[size_t(i)]; }, [&](int i, double x) { advantages[size_t(i)] = x; });
+    // --advantage position: answer token k's advantage is its own position's correctness (0 or 1),
+    // normalised within the group the same way; the tokens after the digits keep the sequence's.
+    std::vector<std::vector<double>> position_adv;
+    if (a.advantage == "position") {
+      position_adv.assign(size_t(grpo::kDigits), std::vector<double>(size_t(sequences)));
+      for (int k = 0; k < grpo::kDigits; ++k)
+        normalise(
+            [&](int i) {
+              const auto& c = tokens[size_t(i)];
+              return double(k < int(c.size()) && c[size_t(k)] == grpo::answer(prompts[size_t(i / a.group)])[size_t(k)]);
+            },
+            [&](int i, double x) { position_adv[size_t(k)][size_t(i)] = x; });
     }
 
     // This rank's share of the sequences: prompt + completion, completions right-padded.
     const int share = sequences / world, begin = rank * share;
     auto ids = torch::zeros({share, P + T}, torch::kLong);
     auto mask = torch::zeros({share, T});
-    auto adv = torch::empty({share, 1});
+    auto adv = torch::empty({share, T});  // per token (the same along a row unless --advantage position)
     auto old_rollout = torch::zeros({share, T});
     for (int i = 0; i < share; ++i) {
       const auto& p = prompts[size_t((begin + i) / a.group)];
@@ -320,11 +341,17 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
         mask[i][int64_t(k)] = 1;
         old_rollout[i][int64_t(k)] = rollout_lp[size_t(begin + i)][k];
       }
-      adv[i][0] = advantages[size_t(begin + i)];
+      for (int64_t k = 0; k < T; ++k)
+        adv[i][k] = k < int64_t(position_adv.size()) ? position_adv[size_t(k)][size_t(begin + i)]
+                                                      : advantages[size_t(begin + i)];
     }
-    const auto log_probs = [&](tessera::nn::DecoderLm& model) {
+    // The log-probabilities of the sampled tokens; with `entropy`, also each position's entropy of
+    // the policy's whole distribution over the vocabulary (-sum p log p).
+    const auto log_probs = [&](tessera::nn::DecoderLm& model, torch::Tensor* entropy = nullptr) {
       auto logits = model.forward(ids.narrow(1, 0, P + T - 1)).narrow(1, P - 1, T);
-      return torch::log_softmax(logits, -1).gather(-1, ids.narrow(1, P, T).unsqueeze(-1)).squeeze(-1);
+      auto all = torch::log_softmax(logits, -1);
+      if (entropy) *entropy = -(all.exp() * all).sum(-1);
+      return all.gather(-1, ids.narrow(1, P, T).unsqueeze(-1)).squeeze(-1);
     };
     torch::Tensor ref;
     if (reference) {
@@ -337,9 +364,10 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
     const double lr = lr_at(a, step);
     engine->set_lr(lr);
     torch::Tensor old, kl = torch::zeros({}), loss;
-    double mismatch = 0, clip_frac = 0;
+    double mismatch = 0, clip_frac = 0, entropy_mean = 0;
     for (int epoch = 0; epoch < a.epochs; ++epoch) {
-      auto logp = log_probs(policy);
+      torch::Tensor entropy;
+      auto logp = log_probs(policy, &entropy);
       if (epoch == 0) {
         old = logp.detach();
         mismatch = ((old - old_rollout).abs() * mask).sum().item<double>() / std::max(1.0, mask.sum().item<double>());
@@ -352,6 +380,11 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
         per_token = per_token + a.kl_beta * k3;
         if (epoch == 0) kl = (k3.detach() * mask).sum() / mask.sum().clamp_min(1);
       }
+      // Entropy bonus (--entropy-coef): rewards spread in each answer token's distribution, against an
+      // early collapse onto one answer while the group rewards still vary; normalised like the rest.
+      if (a.entropy_coef > 0) per_token = per_token - a.entropy_coef * entropy;
+      if (epoch == 0)
+        entropy_mean = (entropy.detach() * mask).sum().item<double>() / std::max(1.0, mask.sum().item<double>());
       if (epoch == a.epochs - 1 && a.epochs > 1)
         clip_frac = ((((ratio.detach() - 1).abs() > a.clip).to(torch::kFloat)) * mask).sum().item<double>() /
                     std::max(1.0, mask.sum().item<double>());
@@ -385,7 +418,7 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
           << clip_frac << "," << (sync.delta ? 1 : 0) << "," << sync.changed_elements << "," << sync.full_bytes << ","
           << rollout_wait_ms;
       for (double r : position_right) csv << "," << r;
-      csv << "\n";
+      csv << "," << entropy_mean << "\n";
     }
   }
   if (rank == 0) std::printf("grpo: done, %d steps; curve in %s\n", a.steps, a.csv.c_str());
@@ -409,6 +442,10 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", a.temperature, "sampling temperature");
   app.add_option("--clip", a.clip, "ratio clip epsilon");
   app.add_option("--kl-beta", a.kl_beta, "k3 KL weight to the post-warm-up policy (0: off)");
+  app.add_option("--entropy-coef", a.entropy_coef,
+                 "weight of the entropy bonus: minus this times each answer token's entropy over the vocabulary, "
+                 "token-level normalised like the loss (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--epochs", a.epochs, "GRPO updates per batch (pi_old: the policy before the first)")
       ->check(CLI::PositiveNumber);
   app.add_option("--lr-schedule", a.lr_schedule, "constant | linear | cosine (decay after --lr-warmup to --min-lr-ratio)")
@@ -418,6 +455,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-grad-norm", a.max_grad_norm, "gradient clipping (0: off)")->check(CLI::NonNegativeNumber);
   app.add_option("--beta1", a.beta1, "AdamW beta1");
   app.add_option("--beta2", a.beta2, "AdamW beta2");
+  app.add_option("--advantage", a.advantage,
+                 "sequence (GRPO: every token of a sample gets its group-normalised reward) | position (each answer "
+                 "digit gets its own position's correctness, group-normalised; dense per-token credit)")
+      ->check(CLI::IsMember({"sequence", "position"}));
   app.add_flag("!--no-std-norm", a.std_norm, "advantages r - mean (default: (r - mean) / (std + 1e-6) per group)");
   app.add_option("--sync-mode", a.sync_mode,
                  "in_place (generation waits while the weights are written) | double_buffered (written into a standby "
