@@ -9,6 +9,7 @@
 #include "core/affine/errors.h"
 #include "core/affine/local_executor.h"
 #include "core/error.h"
+#include "transport/affine/transfer_digests.h"
 #include "transport/store.h"
 #include "transport/ucx/ucx_context.h"
 #include "transport/ucx/ucx_endpoint.h"
@@ -23,59 +24,7 @@ using affine::Segment;
 
 constexpr uint64_t kDoneTag = uint64_t{0xAF} << 56;
 
-struct Fnv {
-  uint64_t h = 1469598103934665603ull;
-  void bytes(const void* p, size_t n) {
-    auto* c = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
-  }
-  void u64(uint64_t v) { bytes(&v, sizeof v); }
-  void str(const std::string& s) {
-    u64(s.size());
-    bytes(s.data(), s.size());
-  }
-};
-
 std::string name_of(const ProcessId& p) { return "job '" + p.job + "' rank " + std::to_string(p.rank); }
-
-// Per-tensor digests as one store value: "<hex digest> <tensor name>" lines, in batch order.
-std::string encode_transfer_digests(const std::vector<std::pair<std::string, uint64_t>>& digests) {
-  std::ostringstream out;
-  for (const auto& [name, d] : digests) out << std::hex << d << ' ' << name << '\n';
-  return out.str();
-}
-
-std::vector<std::pair<std::string, uint64_t>> decode_transfer_digests(const std::string& text) {
-  std::vector<std::pair<std::string, uint64_t>> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto space = line.find(' ');
-    if (space == std::string::npos) continue;
-    out.emplace_back(line.substr(space + 1), std::stoull(line.substr(0, space), nullptr, 16));
-  }
-  return out;
-}
-
-// What a refusal names: the first transfer (in batch order) whose plan differs between two processes.
-std::string first_differing_transfer(const std::vector<std::pair<std::string, uint64_t>>& a,
-                                     const std::vector<std::pair<std::string, uint64_t>>& b) {
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (a[i].first != b[i].first)
-      return "transfer " + std::to_string(i) + " is tensor '" + a[i].first + "' on the first and '" + b[i].first +
-             "' on the second";
-    if (a[i].second != b[i].second) {
-      size_t more = 0;
-      for (size_t j = i + 1; j < std::min(a.size(), b.size()); ++j) more += a[j] != b[j] ? 1 : 0;
-      return "tensor '" + a[i].first + "' is planned differently (transfer " + std::to_string(i) + " of " +
-             std::to_string(a.size()) + (more ? "; " + std::to_string(more) + " later transfers differ too" : "") +
-             ": source or target maps, dtype or placement)";
-    }
-  }
-  if (a.size() != b.size())
-    return "the batches have " + std::to_string(a.size()) + " and " + std::to_string(b.size()) + " transfers";
-  return "every tensor's plan is the same (the batches differ in session or epoch)";
-}
 
 // Calls f(source_address, target_address, elements, source_step) for every run of a segment: a
 // run is a whole innermost row when that axis is contiguous at the target (source_step is the
@@ -223,7 +172,7 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   // 1. Local validation (nothing leaves this process yet) and the digest of the batch.
   std::string reject;
   Fnv digest;
-  std::vector<std::pair<std::string, uint64_t>> transfer_digests;  // (tensor, digest) in batch order
+  TransferDigests transfer_digests;
   digest.str(session_);
   digest.u64(epoch);
   digest.u64(batch.size());
