@@ -1,5 +1,6 @@
-// grpo: the RL loop tessera is built for, on a task with a verifiable reward (reverse 4 digits,
-// reverse_task.h). Two jobs, started together by run_grpo.py:
+// grpo: the RL loop tessera is built for, on a task with a verifiable reward (reverse --digits
+// digits, default 3, reverse_task.h; both jobs must get the same: the rollout checks the prompts'
+// length). Two jobs, started together by run_grpo.py:
 //   --role train    (DP ranks) a Qwen3-style policy under the ZeRO engine (examples/grpo/policy:
 //                   the bundled tiny-qwen3 with 2 layers); a short supervised warm-up teaches the
 //                   format, then GRPO: for each step it publishes prompts, reads the rollout job's G
@@ -55,7 +56,9 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 
 struct Args {
   std::string role, model_config = "examples/grpo/policy", csv = "grpo.csv", peer;
-  int steps = 250, prompts = 16, group = 8, sft_steps = 8, zero_stage = 2, new_tokens = grpo::kDigits + 1;
+  int steps = 250, prompts = 16, group = 8, sft_steps = 8, zero_stage = 2;
+  int digits = 3;      // the task's length (--digits; at 4 GRPO plateaus at 0.76, see README)
+  int new_tokens = 0;  // generated per sample: digits + 1 (the newline), set after parsing
   int epochs = 1, lr_warmup = 0;
   double lr = 1e-3, sft_lr = 3e-3, temperature = 1.0, clip = 0.2, kl_beta = 0.0, max_grad_norm = 1.0;
   double beta1 = 0.9, beta2 = 0.99, min_lr_ratio = 0.1;
@@ -153,6 +156,10 @@ int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
   for (int step = 0; step < a.steps; ++step) {
     const auto key = "step" + std::to_string(step) + "/";
     const auto prompts = decode_prompts(shared->get_string(key + "prompts", std::chrono::minutes(5)));
+    for (const auto& p : prompts)  // --digits is not part of the sync handshake: both jobs must get the same
+      if (grpo::prompt_digits(p) != a.digits)
+        throw tessera::Error("grpo rollout: a prompt of " + std::to_string(grpo::prompt_digits(p)) +
+                             " digits, but --digits " + std::to_string(a.digits) + " here (both jobs need the same)");
     tessera::WeightSyncStats stats;
     double wait_ms = 0;
     if (double_buffered) {  // on-policy: the weights after `step` updates (staged; live at generate())
@@ -214,22 +221,23 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
       tessera::initialize(policy.module(), tessera::config::load_config_text(toml, tessera::config::Format::toml, "grpo"))
           .engine;
   auto shared = tessera::actors::job_store()->shared("grpo");
-  const int64_t P = grpo::kDigits + 1, T = a.new_tokens;
+  const int D = a.digits;
+  const int64_t P = D + 1, T = a.new_tokens;
 
   // Supervised warm-up on (prompt, answer) pairs: the format, and a start on the task.
   std::mt19937_64 sft_rng(a.seed * 7919 + uint64_t(rank));
   for (int step = 0; step < a.sft_steps; ++step) {
     std::vector<int64_t> flat;
     for (int i = 0; i < sequences / world; ++i) {
-      auto p = grpo::random_prompt(sft_rng), ans = grpo::answer(p);
+      auto p = grpo::random_prompt(sft_rng, D), ans = grpo::answer(p);
       flat.insert(flat.end(), p.begin(), p.end());
       flat.insert(flat.end(), ans.begin(), ans.end());
     }
-    auto ids = torch::tensor(flat, torch::kLong).view({sequences / world, P + grpo::kDigits + 1});
+    auto ids = torch::tensor(flat, torch::kLong).view({sequences / world, P + D + 1});
     auto logits = policy.forward(ids.narrow(1, 0, ids.size(1) - 1));
-    auto answer_logits = logits.narrow(1, P - 1, grpo::kDigits + 1);
+    auto answer_logits = logits.narrow(1, P - 1, D + 1);
     auto loss = torch::nn::functional::cross_entropy(answer_logits.reshape({-1, answer_logits.size(-1)}),
-                                                     ids.narrow(1, P, grpo::kDigits + 1).reshape({-1}));
+                                                     ids.narrow(1, P, D + 1).reshape({-1}));
     engine->set_lr(a.sft_lr);
     engine->backward(loss);
     engine->step();
@@ -264,7 +272,7 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
     csv.open(a.csv);
     csv << "step,reward,kl,loss,logprob_mismatch,tokens_per_s,sync_ms,pause_ms,sync_bytes,generate_ms,step_ms,lr,"
            "neg_logprob,clip_frac,delta,changed_elements,full_bytes,rollout_wait_ms";
-    for (int k = 0; k < grpo::kDigits; ++k) csv << ",acc" << k + 1;
+    for (int k = 0; k < D; ++k) csv << ",acc" << k + 1;
     csv << ",entropy\n";
     std::printf("grpo: %lld-parameter %s policy, %d training ranks (ZeRO-%d), %d prompts x %d samples per step, %d "
                 "update(s) per batch; warm-up %d steps; sync %s%s; first sync %.1f ms (plan %.1f ms)\n",
@@ -277,7 +285,7 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
     const auto t0 = Clock::now();
     const auto key = "step" + std::to_string(step) + "/";
     std::vector<std::vector<int64_t>> prompts;
-    for (int i = 0; i < a.prompts; ++i) prompts.push_back(grpo::random_prompt(prompt_rng));
+    for (int i = 0; i < a.prompts; ++i) prompts.push_back(grpo::random_prompt(prompt_rng, D));
     if (rank == 0) shared->set(key + "prompts", encode_prompts(prompts));
     std::vector<std::vector<int64_t>> tokens;
     std::vector<std::vector<float>> rollout_lp;
@@ -286,7 +294,7 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
 
     // Rewards and group-normalised advantages (every rank computes all; cheap).
     std::vector<double> rewards(static_cast<size_t>(sequences) + 0), advantages(rewards.size());
-    std::vector<double> position_right(grpo::kDigits, 0.0);
+    std::vector<double> position_right(D, 0.0);
     double mean_reward = 0, neg_logprob = 0;
     int64_t total_tokens = 0;
     for (int i = 0; i < sequences; ++i) {
@@ -297,7 +305,7 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
       total_tokens += int64_t(c.size());
       for (float lp : rollout_lp[size_t(i)]) neg_logprob -= lp;
       const auto want = grpo::answer(p);
-      for (int k = 0; k < grpo::kDigits; ++k)
+      for (int k = 0; k < D; ++k)
         position_right[size_t(k)] += (k < int(c.size()) && c[size_t(k)] == want[size_t(k)]) ? 1.0 / sequences : 0.0;
     }
     neg_logprob /= double(std::max<int64_t>(1, total_tokens));
@@ -316,8 +324,8 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
     // normalised within the group the same way; the tokens after the digits keep the sequence's.
     std::vector<std::vector<double>> position_adv;
     if (a.advantage == "position") {
-      position_adv.assign(size_t(grpo::kDigits), std::vector<double>(size_t(sequences)));
-      for (int k = 0; k < grpo::kDigits; ++k)
+      position_adv.assign(size_t(D), std::vector<double>(size_t(sequences)));
+      for (int k = 0; k < D; ++k)
         normalise(
             [&](int i) {
               const auto& c = tokens[size_t(i)];
@@ -436,6 +444,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "GRPO steps")->check(CLI::PositiveNumber);
   app.add_option("--prompts", a.prompts, "prompts per step")->check(CLI::PositiveNumber);
   app.add_option("--group", a.group, "samples per prompt (G)")->check(CLI::Range(2, 1024));
+  app.add_option("--digits", a.digits, "the task: reverse this many digits, 2..8 (both jobs must get the same)")
+      ->check(CLI::Range(grpo::kMinDigits, grpo::kMaxDigits));
   app.add_option("--sft-steps", a.sft_steps, "supervised warm-up steps")->check(CLI::NonNegativeNumber);
   app.add_option("--lr", a.lr, "GRPO learning rate");
   app.add_option("--sft-lr", a.sft_lr, "warm-up learning rate");
@@ -471,6 +481,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", a.seed, "seed of prompts, sampling and initialisation");
   app.add_option("--csv", a.csv, "the curve, written by training rank 0");
   CLI11_PARSE(app, argc, argv);
+  a.new_tokens = a.digits + 1;
   const auto env = tessera::transport::LaunchEnv::from_env();
   try {
     return a.role == "train" ? run_train(a, env) : run_rollout(a, env);
