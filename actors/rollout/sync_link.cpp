@@ -63,6 +63,7 @@ void SyncLink::connect() {
   peer_size = peers->connect(training ? options.rollout_job : options.train_job);
   transport::RemoteExecutorOptions eo;
   eo.staging_bytes = options.staging_bytes;
+  eo.streaming_copy_bytes = options.streaming_copy_bytes;
   eo.timeout = options.timeout;
   executor = std::make_unique<transport::RemoteExecutor>(*peers, "sync/" + options.session, eo);
 }

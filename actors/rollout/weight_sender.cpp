@@ -173,6 +173,7 @@ WeightSyncStats WeightSender::sync() {
   }
   stats.sync_ms = ms_since(t);
   stats.bytes_sent = s.bytes_sent, stats.puts = s.puts, stats.staging_peak_bytes = s.staging_peak_bytes;
+  stats.bytes_mapped = s.bytes_mapped;
   if (link.options.after_transfer_for_testing) link.options.after_transfer_for_testing(link.syncs);
   const auto v = std::chrono::steady_clock::now();
   link.publish_source_digests(batch);

@@ -62,6 +62,9 @@ struct WeightSyncOptions {
   std::string session = "weights";  // several senders/sinks may coexist under other names
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
   int64_t staging_bytes = int64_t{64} << 20;  // in flight per process per round
+  // A training rank putting more than this per sync into a rollout's memory mapped on its machine
+  // writes it with streaming stores (transport/affine/streaming_copy.h); 0: always.
+  int64_t streaming_copy_bytes = int64_t{32} << 20;
   // Which training rank sends a weight every rank holds (ZeRO 0-2): "lowest" sends everything
   // from rank 0, "balanced" spreads the bytes over the training ranks (for ranks with their own
   // cores and links; on 2 shared cores one sender was faster, 1.3 s vs 2.3 s in bench/sync before
@@ -88,6 +91,7 @@ struct WeightSyncOptions {
 struct WeightSyncStats {
   uint64_t version = 0;         // the rollout weight version this sync produced
   int64_t bytes_sent = 0;       // by this process (training) / received (rollout)
+  int64_t bytes_mapped = 0;     // training side: of bytes_sent, copied straight into rollout memory mapped here
   int64_t puts = 0;
   double plan_ms = 0;           // building the plans (first sync only; 0 after)
   double sync_ms = 0;           // the transfer batch

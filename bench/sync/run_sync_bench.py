@@ -80,7 +80,7 @@ if rollout.returncode != 0 or train.returncode != 0:
 records = [json.loads(line) for line in lines]
 sync = next(r for r in records if r.get("mode") == "sync")
 processes = [r for r in records if r.get("mode") == "process"]
-senders = [r for r in processes if r["role"] == "train" and r["puts"] > 0]
+senders = [r for r in processes if r["role"] == "train" and r["bytes_sent"] > 0]
 # Staging is used where a segment is packed before its put: on the sending training ranks.
 print(json.dumps({"bench": "weight_sync", "check": "staging_peak_bytes",
                   "senders_with_staging": sum(1 for r in senders if r["staging_peak_bytes"] > 0),

@@ -48,6 +48,9 @@ WeightSyncOptions sync_options(const std::string& session) {
   // "budget": delta packets that cannot fit the staging budget (fp32: nearly every element changes),
   // so every sync is full; packing stops at the budget instead of building them whole.
   if (session.find("budget") != std::string::npos) o.staging_bytes = 16 << 10;
+  // "stream": the training ranks copy into the rollout's mapped memory with streaming stores
+  // (a real sync does above 32 MiB per rank; these models are a few hundred KB).
+  if (session.find("stream") != std::string::npos) o.streaming_copy_bytes = 0;
   return o;
 }
 
@@ -87,6 +90,8 @@ void train(const std::string& family, int stage, const std::string& session, int
                   int(stats.delta), static_cast<long long>(stats.changed_elements), static_cast<long long>(stats.full_bytes));
     CHECK((round == 0) == (stats.plan_ms > 0));
     CHECK(stats.delta == expect_delta(session, round));
+    // Streaming: every byte copied straight into the rollout's memory, mapped here (one machine).
+    if (session.find("stream") != std::string::npos) CHECK(stats.bytes_mapped == stats.bytes_sent);
     if (session.find("budget") != std::string::npos && round > 0) CHECK(stats.changed_elements > 0);  // it did try
     if (local) {  // this rank sent exactly what the rollout ranks on its node received
       const int rollout_size = std::stoi(marks->get_string("rollout_size", std::chrono::seconds(90)));
@@ -187,6 +192,11 @@ TEST_CASE("Training at DP 2 (stages 1, 2, 3) syncs into a rollout TP group bit f
   // Delta packets over the staging budget: full syncs instead, still exact.
   if (kTraining) train("llama", 2, "llama_delta_budget", 2);
   else receive("llama", "llama_delta_budget", at::kFloat, 2);
+  // Streaming stores into the mapped targets (stage 2, and stage 3 partitions).
+  if (kTraining) train("llama", 2, "llama_stream_stage2");
+  else receive("llama", "llama_stream_stage2");
+  if (kTraining) train("qwen2", 3, "qwen2_stream_stage3");
+  else receive("qwen2", "qwen2_stream_stage3");
   // Replicas read on the rollout rank's node.
   if (kTraining) train("llama", 2, "llama_local");
   else receive("llama", "llama_local");
@@ -261,6 +271,8 @@ TEST_CASE("Training at DP 2 (stages 1, 2, 3) syncs into a rollout TP group bit f
     for (int round : {0, 1, 2}) fs::remove_all(oracle_dir("llama_delta", round));
     for (int round : {0, 1, 2}) fs::remove_all(oracle_dir("qwen2_bf16_delta_stage1", round));
     for (int round : {0, 1}) fs::remove_all(oracle_dir("llama_delta_budget", round));
+    for (const char* session : {"llama_stream_stage2", "qwen2_stream_stage3"})
+      for (int round : {0, 1}) fs::remove_all(oracle_dir(session, round));
     for (int round : {0, 1}) fs::remove_all(oracle_dir("llama_local", round));
   }
 }

@@ -9,6 +9,7 @@
 #include "core/affine/errors.h"
 #include "core/affine/local_executor.h"
 #include "core/error.h"
+#include "transport/affine/streaming_copy.h"
 #include "transport/affine/transfer_digests.h"
 #include "transport/store.h"
 #include "transport/ucx/ucx_context.h"
@@ -64,11 +65,14 @@ bool dense_target(const Segment& s) {
   return true;
 }
 
-// Copies n elements of es bytes, `step` elements apart at the source, to consecutive ones.
-void gather_elements(char* dst, const char* src, int64_t n, int64_t step, int64_t es) {
+// Copies n elements of es bytes, `step` elements apart at the source, to consecutive ones; a
+// contiguous run with streaming stores when `streaming` (streaming_copy.h).
+void gather_elements(char* dst, const char* src, int64_t n, int64_t step, int64_t es, bool streaming = false) {
+  if (step == 1 && streaming) return streaming_copy(dst, src, static_cast<size_t>(n * es));
   if (step == 1) return void(std::memcpy(dst, src, static_cast<size_t>(n * es)));
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * es, src + i * step * es, static_cast<size_t>(es));
 }
+
 
 // The store key under which a target process publishes its MemoryTable in an epoch.
 std::string memory_key(const ProcessId& p) { return "memory/" + p.job + "/" + std::to_string(p.rank); }
@@ -380,6 +384,14 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   auto make_room = [&](int64_t bytes) {
     if (in_flight > 0 && in_flight + bytes > options_.staging_bytes) flush_round();
   };
+  // The bytes this process puts to other processes: whether copies into mapped targets stream past
+  // the caches (a last-level cache holds tens of MiB; the sync of a small model stays cached).
+  int64_t outgoing = 0;
+  for (const auto& t : batch)
+    for (const auto& s : t.plan->segments)
+      if (s.elements() > 0 && t.source_processes[s.source_rank] == me && !(t.target_processes[s.target_rank] == me))
+        outgoing += s.elements() * affine::element_size(t.plan->dtype);
+  const bool streaming = outgoing > options_.streaming_copy_bytes;
   for (size_t ti = 0; ti < batch.size(); ++ti) {
     const auto& t = batch[ti];
     const Plan& plan = *t.plan;
@@ -414,15 +426,16 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
         key.mapped = static_cast<char*>(key.rkey->mapped(static_cast<size_t>(key.offset)));
       }
       const bool one_run = s.shape.size() == 1 && s.source_strides[0] == 1 && s.target_strides[0] == 1;
-      if (key.mapped && !one_run) {
+      if (key.mapped && (!one_run || streaming)) {
         // The target buffer is mapped here (a peer's UCX-allocated memory on this machine): rows
         // are copied straight into it, one pass over memory like a local copy, instead of being
         // packed into staging and put from there (packing 64 MiB of row-parallel shards took
         // 12-21 ms and the puts from staging 7-11 ms more, bench/sync, where the whole-run puts
         // moved 5-8 GiB/s). Whole contiguous runs stay one UCX put each (a memcpy into the same
-        // mapping). The fence before the "done" message makes these bytes visible to the target.
+        // mapping) unless the batch streams, when they are streaming copies too. The fences before
+        // the "done" message make these bytes visible to the target.
         for_each_run(s, [&](int64_t src, int64_t dst, int64_t n, int64_t step) {
-          gather_elements(key.mapped + dst * es, src_base + src * es, n, step, es);
+          gather_elements(key.mapped + dst * es, src_base + src * es, n, step, es, streaming);
         });
         const int64_t bytes = s.elements() * es;
         stats.bytes_sent += bytes, stats.bytes_mapped += bytes;
@@ -515,6 +528,7 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   end_round();
 
   // 4. Tell every target process what arrived from here; wait for every source.
+  if (streaming) streaming_fence();                     // streaming stores are weakly ordered
   std::atomic_thread_fence(std::memory_order_seq_cst);  // bytes copied into mapped targets first
   if (sources.count(me)) {
     std::vector<uint64_t> payloads;

@@ -84,6 +84,9 @@ struct RemoteTransfer {
 struct RemoteExecutorOptions {
   int64_t staging_bytes = int64_t{64} << 20;  // bytes in flight per process per round
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // A process putting more than this into mapped targets in one batch copies with streaming
+  // stores (streaming_copy.h), contiguous runs included; 0: always.
+  int64_t streaming_copy_bytes = int64_t{32} << 20;
 };
 
 struct RemoteTransferStats {
