@@ -206,13 +206,19 @@ std::vector<transport::RemoteTransfer> SyncLink::packet_batch(const std::vector<
   return batch;
 }
 
-void SyncLink::publish_source_digests(const std::vector<transport::RemoteTransfer>& batch) {
+std::map<int, std::string> SyncLink::source_digests(const std::vector<transport::RemoteTransfer>& batch) const {
   std::map<int, std::string> per_target;  // "<plan>:<hex> ..." per rollout rank
   for (size_t i = 0; i < batch.size(); ++i)
     for (const auto& [pair, digest] : affine::segment_digests(plans[i], batch[i].source_buffers, true))
       per_target[pair.second] += std::to_string(i) + ":" + affine::hex_digest(digest) + " ";
-  for (int t = 0; t < peer_size; ++t)
-    shared->set(key("digests", std::to_string(rank) + "/" + std::to_string(t)), per_target[t]);
+  return per_target;
+}
+
+void SyncLink::publish_source_digests(const std::map<int, std::string>& per_target) {
+  for (int t = 0; t < peer_size; ++t) {
+    const auto text = per_target.find(t);
+    shared->set(key("digests", std::to_string(rank) + "/" + std::to_string(t)), text == per_target.end() ? "" : text->second);
+  }
 }
 
 std::string SyncLink::verify_target_digests(const std::vector<transport::RemoteTransfer>& batch) {

@@ -80,7 +80,10 @@ struct SyncLink {
 
   // verify: digests published by the training side, compared by each rollout rank; every verdict
   // read by every rank. Returns the failures ("" = verified) and sets last_verified.
-  void publish_source_digests(const std::vector<transport::RemoteTransfer>& batch);
+  // The source side's digests, per rollout rank the text publish_source_digests sets: pure reads of
+  // the plans and the source buffers, so it may run on another thread while the transfer reads them.
+  std::map<int, std::string> source_digests(const std::vector<transport::RemoteTransfer>& batch) const;
+  void publish_source_digests(const std::map<int, std::string>& per_target);
   std::string verify_target_digests(const std::vector<transport::RemoteTransfer>& batch);
   std::string all_verdicts(const std::string& mine_if_rollout);
 
