@@ -73,7 +73,6 @@ void gather_elements(char* dst, const char* src, int64_t n, int64_t step, int64_
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * es, src + i * step * es, static_cast<size_t>(es));
 }
 
-
 // The store key under which a target process publishes its MemoryTable in an epoch.
 std::string memory_key(const ProcessId& p) { return "memory/" + p.job + "/" + std::to_string(p.rank); }
 
