@@ -123,8 +123,10 @@ bool append_segment(const Segment& s, const uint8_t* current, const uint8_t* las
   if (dense) {
     ++stats.dense_segments;
     put_u32(packet, kDenseSegment);
-    // Appended row by row in walk order (no zero-filled resize first: every byte is written once).
-    packet.reserve(packet.size() + size_t(n * es));
+    // Appended row by row in walk order (no zero-filled resize first: every byte is written once);
+    // capacity grows geometrically, so a packet of many dense segments is not copied once per segment.
+    const size_t needed = packet.size() + size_t(n * es);
+    if (packet.capacity() < needed) packet.reserve(std::max(needed, 2 * packet.capacity()));
     for_each_row(s, true, [&](int64_t at, int64_t length, int64_t stride, int64_t) {
       const uint8_t* from = current + at * es;
       if (stride == 1) return void(packet.insert(packet.end(), from, from + length * es));
