@@ -74,16 +74,15 @@ void memcpy_baseline(benchmark::State& state) {
 
 void local_execute(benchmark::State& state) {
   Setup s(dtype_of(state.range(0)));
-  LocalTransfer t;
-  t.plan = &s.plan;
-  t.source_buffers[0] = s.source(s.current);
-  for (int r = 0; r < kTargets; ++r) t.target_buffers[r] = s.target(r);
   // Only rank 0's segments: the other source rank's are another process's work.
   Plan mine = s.plan;
   mine.segments.clear();
   for (const auto& seg : s.plan.segments)
     if (seg.source_rank == 0) mine.segments.push_back(seg);
+  LocalTransfer t;
   t.plan = &mine;
+  t.source_buffers[0] = s.source(s.current);
+  for (int r = 0; r < kTargets; ++r) t.target_buffers[r] = s.target(r);
   for (auto _ : state) {
     execute_local({t});
     benchmark::ClobberMemory();

@@ -58,7 +58,7 @@ struct Args {
   std::string role, model_config = "examples/grpo/policy", csv = "grpo.csv", peer;
   int steps = 250, prompts = 16, group = 8, sft_steps = 8, zero_stage = 2;
   int digits = 3;      // the task's length (--digits; at 4 GRPO plateaus at 0.76, see README)
-  int new_tokens = 0;  // generated per sample: digits + 1 (the newline), set after parsing
+  int new_tokens() const { return digits + 1; }  // generated per sample: the digits and the newline
   int epochs = 1, lr_warmup = 0;
   double lr = 1e-3, sft_lr = 3e-3, temperature = 1.0, clip = 0.2, kl_beta = 0.0, max_grad_norm = 1.0;
   double beta1 = 0.9, beta2 = 0.99, min_lr_ratio = 0.1;
@@ -172,7 +172,7 @@ int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
       for (int g = 0; g < a.group; ++g) batch.push_back(p);
     tessera::nn::SamplingParams params;
     params.temperature = a.temperature;
-    params.max_new_tokens = a.new_tokens;
+    params.max_new_tokens = a.new_tokens();
     params.seed = a.seed * 1000003 + uint64_t(step);
     const auto t = Clock::now();
     const auto out = rollout->generate(batch, params);
@@ -222,7 +222,7 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
           .engine;
   auto shared = tessera::actors::job_store()->shared("grpo");
   const int D = a.digits;
-  const int64_t P = D + 1, T = a.new_tokens;
+  const int64_t P = D + 1, T = a.new_tokens();
 
   // Supervised warm-up on (prompt, answer) pairs: the format, and a start on the task.
   std::mt19937_64 sft_rng(a.seed * 7919 + uint64_t(rank));
@@ -481,7 +481,6 @@ int main(int argc, char** argv) {
   app.add_option("--seed", a.seed, "seed of prompts, sampling and initialisation");
   app.add_option("--csv", a.csv, "the curve, written by training rank 0");
   CLI11_PARSE(app, argc, argv);
-  a.new_tokens = a.digits + 1;
   const auto env = tessera::transport::LaunchEnv::from_env();
   try {
     return a.role == "train" ? run_train(a, env) : run_rollout(a, env);

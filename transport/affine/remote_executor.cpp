@@ -176,6 +176,7 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   std::string reject;
   Fnv digest;
   TransferDigests transfer_digests;
+  int64_t outgoing = 0;  // bytes this process puts to other processes
   digest.str(session_);
   digest.u64(epoch);
   digest.u64(batch.size());
@@ -210,9 +211,10 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
       if (s.elements() == 0) continue;
       check("source", s.source_rank, t.source_processes, t.source_buffers);
       check("target", s.target_rank, t.target_processes, t.target_buffers);
-      if (reject.empty() && s.target_rank < static_cast<int>(t.target_processes.size()) &&
-          t.target_processes[s.target_rank] == me)
-        stats.useful_bytes += s.elements() * es;
+      if (!reject.empty()) continue;
+      const bool to_me = t.target_processes[s.target_rank] == me;  // placements checked just above
+      if (to_me) stats.useful_bytes += s.elements() * es;
+      if (!to_me && t.source_processes[s.source_rank] == me) outgoing += s.elements() * es;
     }
   }
 
@@ -383,13 +385,8 @@ RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& b
   auto make_room = [&](int64_t bytes) {
     if (in_flight > 0 && in_flight + bytes > options_.staging_bytes) flush_round();
   };
-  // The bytes this process puts to other processes: whether copies into mapped targets stream past
-  // the caches (a last-level cache holds tens of MiB; the sync of a small model stays cached).
-  int64_t outgoing = 0;
-  for (const auto& t : batch)
-    for (const auto& s : t.plan->segments)
-      if (s.elements() > 0 && t.source_processes[s.source_rank] == me && !(t.target_processes[s.target_rank] == me))
-        outgoing += s.elements() * affine::element_size(t.plan->dtype);
+  // Whether copies into mapped targets stream past the caches (a last-level cache holds tens of
+  // MiB; the sync of a small model stays cached).
   const bool streaming = outgoing > options_.streaming_copy_bytes;
   for (size_t ti = 0; ti < batch.size(); ++ti) {
     const auto& t = batch[ti];
