@@ -198,6 +198,36 @@ TEST_CASE("tens of MB: all-reduce, reduce-scatter and all-gather on the whole jo
   for (int i = 0; i < size; ++i) CHECK(torch::equal(gathered.narrow(0, i * chunk, chunk), input_of(i, chunk, torch::kFloat, 2)));
 }
 
+TEST_CASE("back-to-back 16 MiB reduce-scatters at skewed timing keep every input intact", "[collectives][large]") {
+  // A reduce-scatter's input leaves for the peers while this rank already holds its reduced chunk:
+  // no rank may write its result (or anything) over bytes still being sent. Gloo's
+  // ReduceScatterHalvingDoubling did: rank 1 copied its chunk to the front of the buffer it was
+  // still sending from, so with messages larger than the socket buffers rank 0 received rank 1's
+  // result instead of its input (ZeRO-3 gradients wrong from step 2 at width 2048). The ranks
+  // stall in turns so that sends find the peer's socket full; values are random (not exact in any
+  // order), summed in rank order here as the communicator does.
+  auto& w = MpWorld::get();
+  Communicator& comm = *w.world;
+  const int size = comm.size(), me = comm.rank();
+  const int64_t chunk = (int64_t{1} << 22) / size;  // 16 MiB of fp32 input per rank
+  std::mt19937 jitter(17);
+  for (int round = 0; round < 6; ++round) {
+    INFO("round " << round);
+    auto input_of_rank = [&](int r) {
+      return torch::randn({chunk * size}, at::make_generator<at::CPUGeneratorImpl>(uint64_t(100 * round + r)));
+    };
+    auto in = input_of_rank(me);
+    auto out = torch::full({chunk}, std::nanf(""), torch::kFloat);
+    const auto stall = std::chrono::microseconds(jitter() % 3000);
+    if (round % size == me) std::this_thread::sleep_for(stall);
+    comm.reduce_scatter(in, out)->wait();
+    auto expected = input_of_rank(0).narrow(0, me * chunk, chunk).clone();
+    for (int r = 1; r < size; ++r) expected.add_(input_of_rank(r).narrow(0, me * chunk, chunk));
+    CHECK(torch::equal(out, expected));
+    CHECK(torch::equal(in, input_of_rank(me)));
+  }
+}
+
 TEST_CASE("program order holds under skewed timing and many threads", "[collectives]") {
   auto& w = MpWorld::get();
   std::mt19937 rng(1234 + w.rank);

@@ -1,7 +1,7 @@
 // The Gloo backend of Communicator (CPU). c10d's ProcessGroupGloo runs broadcast, list all-gather,
 // all-to-all, send/recv and barrier; the gloo library itself runs the collectives of the training
 // hot path on this (the sequencer's) thread (all-reduce, reduce, in-place all-gather) and what c10d
-// lacks in LibTorch 1.13 (reduce-scatter: gloo::ReduceScatterHalvingDoubling; uneven all-gather:
+// lacks in LibTorch 1.13 (reduce-scatter: gloo::alltoall and a local sum; uneven all-gather:
 // gloo::allgatherv), over a second full mesh on the same device and store. bf16/fp16
 // reductions run in fp32; byte-moving operations run on a uint8 view (Gloo has no bf16).
 // The pairs listen on CommunicatorOptions::gloo_hostname, or where other nodes can reach them
@@ -11,8 +11,8 @@
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/reduce.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 
 #include <netdb.h>
@@ -20,8 +20,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <map>
-#include <tuple>
 
 #include "core/error.h"
 #include "transport/detail/backend.h"
@@ -250,52 +248,47 @@ class GlooBackend : public Backend {
     if (!work.is_same(tensor)) tensor.copy_(work);
   }
 
-  // gloo's halving-doubling reduce-scatter reduces in place in its buffer and leaves this rank's
-  // chunk at the front. Gloo algorithms are built once and run many times: one instance (with its
-  // own buffer) per (dtype, elements, op), made at the first such call, which every rank reaches
-  // at the same sequence number; the input stays as it was. At most kCachedAlgorithms are kept,
-  // the least recently used goes first (the same choice on every rank: same program order).
+  // Reduce-scatter as an exchange and a local sum: gloo::alltoall hands member j's chunk `rank_`
+  // to this rank (it waits for its own sends too), then the chunks are summed here in member
+  // order, so every rank adds the same operands in the same order ((c_0 + c_1) + c_2 ...; at two
+  // ranks one commutative addition, bitwise what an all-reduce gives). Not Gloo's
+  // ReduceScatterHalvingDoubling: its run() copies a rank's reduced chunk to the front of the
+  // buffer it is still sending from, so a message larger than the socket buffers reaches the
+  // peer overwritten (collectives_test "back-to-back 16 MiB reduce-scatters"). The exchange
+  // buffer (and the upcast of a bf16/fp16 input) is the backend's, grown and never shrunk: one
+  // operation at a time runs on the sequencer's thread.
   template <typename T>
   void reduce_scatter_as(const at::Tensor& input, at::Tensor& output, ReduceOp op, at::ScalarType type) {
     const int64_t chunk = output.numel();
-    if (input.numel() > std::numeric_limits<int>::max())
-      throw TransportError("gloo reduce_scatter: " + std::to_string(input.numel()) + " elements exceed 2^31-1");
-    auto key = std::make_tuple(static_cast<int>(type), input.numel(), static_cast<int>(op == ReduceOp::max));
-    auto it = reduce_scatters_.find(key);
-    if (it == reduce_scatters_.end()) {
-      if (reduce_scatters_.size() >= kCachedAlgorithms) {
-        auto oldest = reduce_scatters_.begin();
-        for (auto i = reduce_scatters_.begin(); i != reduce_scatters_.end(); ++i)
-          if (i->second.last_use < oldest->second.last_use) oldest = i;
-        reduce_scatters_.erase(oldest);
-      }
-      CachedReduceScatter entry;
-      entry.buffer = at::empty({input.numel()}, input.options().dtype(type));
-      std::vector<int> recv_elements(size_, static_cast<int>(chunk));
-      const gloo::ReductionFunction<T>* fn =
-          op == ReduceOp::max ? gloo::ReductionFunction<T>::max : gloo::ReductionFunction<T>::sum;
-      entry.algorithm = std::make_unique<gloo::ReduceScatterHalvingDoubling<T>>(
-          context_, std::vector<T*>{entry.buffer.data_ptr<T>()}, static_cast<int>(input.numel()), recv_elements, fn);
-      it = reduce_scatters_.emplace(key, std::move(entry)).first;
+    const at::Tensor in = input.scalar_type() == type ? input : upcast(input);
+    if (size_ == 1) {  // its own input is the sum
+      output.copy_(in);
+      return;
     }
-    it->second.last_use = ++uses_;
-    it->second.buffer.copy_(input);
-    it->second.algorithm->run();
-    at::Tensor mine = it->second.buffer.narrow(0, 0, chunk);
-    if (op == ReduceOp::avg) mine.div_(size_);
-    output.copy_(mine);
+    if (!exchange_.defined() || exchange_.scalar_type() != type || exchange_.numel() < in.numel())
+      exchange_ = at::empty({in.numel()}, in.options().dtype(type));
+    at::Tensor received = exchange_.narrow(0, 0, in.numel());
+    gloo::AlltoallOptions o(context_);
+    o.setInput<T>(in.data_ptr<T>(), static_cast<size_t>(in.numel()));
+    o.setOutput<T>(received.data_ptr<T>(), static_cast<size_t>(received.numel()));
+    o.setTag(next_tag_++);
+    o.setTimeout(timeout_);
+    gloo::alltoall(o);
+    at::Tensor result = output.scalar_type() == type ? output : received.narrow(0, 0, chunk);
+    auto from = [&](int r) { return received.narrow(0, r * chunk, chunk); };
+    if (op == ReduceOp::max) {
+      at::maximum_out(result, from(0), from(1));
+      for (int r = 2; r < size_; ++r) at::maximum_out(result, result, from(r));
+    } else {
+      at::add_out(result, from(0), from(1));
+      for (int r = 2; r < size_; ++r) result.add_(from(r));
+      if (op == ReduceOp::avg) result.div_(size_);
+    }
+    if (!result.is_same(output)) output.copy_(result);
   }
 
-  struct CachedReduceScatter {
-    at::Tensor buffer;
-    std::unique_ptr<gloo::Algorithm> algorithm;
-    uint64_t last_use = 0;
-  };
-  static constexpr size_t kCachedAlgorithms = 8;
-  std::map<std::tuple<int, int64_t, int>, CachedReduceScatter> reduce_scatters_;
-  uint64_t uses_ = 0;
-
-  at::Tensor scratch_;  // fp32, see upcast()
+  at::Tensor scratch_;   // fp32, see upcast()
+  at::Tensor exchange_;  // reduce_scatter's received chunks
   std::string name_ = "gloo";
   int rank_;
   int size_;
