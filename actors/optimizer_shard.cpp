@@ -97,16 +97,15 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
           return report;
         }
       },
-      [=](refresh_atom, const std::vector<int64_t>& ranges) -> Done {
+      [=](refresh_atom, const RefreshRequest& request) -> Done {
         Done done;
         auto& s = self->state;
         try {
           auto parameters = checked(ask<Buffers>(s.parameter_shard, s.bound(), "parameter-shard (partitions)", partitions_atom::value));
-          for (size_t k = 0; k + 2 < ranges.size(); k += 3) {
-            const auto g = size_t(ranges[k]);
-            auto master = s.store->partition_master(int64_t(g));
+          for (const auto& r : request.ranges) {
+            auto master = s.store->partition_master(r.group);
             if (master.defined())
-              master.narrow(0, ranges[k + 1], ranges[k + 2]).copy_(parameters.tensors.at(g).narrow(0, ranges[k + 1], ranges[k + 2]));
+              master.narrow(0, r.begin, r.length).copy_(parameters.tensors.at(size_t(r.group)).narrow(0, r.begin, r.length));
           }
         } catch (...) {
           done.error = std::current_exception();

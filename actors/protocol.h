@@ -22,24 +22,26 @@
 //   <- partitions -> Buffers     this rank's partitions, lent to the optimizer until `gather`
 //   <- gather -> Done            all-gather the updated partitions into every rank's buffers
 //   <- buffers -> Buffers        the whole flat buffers (storage maps, memory; between steps)
-//   <- fetch(u, mode) -> Done    ZeRO-3: gather unit u (all-gather of its segments) if released;
-//                                mode 0: a gathered-parameters scope's (outside the module order);
-//                                1: a forward's without grad (in the order, prefetches nothing:
-//                                no backward follows it); 2: a forward's with grad or a
-//                                backward's (in the order; the next recorded units are gathered
-//                                ahead after the reply); flags: kFetchAutocast (a forward under
-//                                CPU autocast), kFetchBackward (before a backward)
-//   <- release(u)                ZeRO-3: free unit u's storage (u = -1: every unit)
-//   <- writeback(units, persistent, root) -> Done  ZeRO-3: broadcast the gathered units (and with
-//                                `persistent` the persistent segments) from rank `root`, then copy
-//                                this rank's pieces into the partitions (a gathered-parameters
-//                                scope with a modifier rank); root -1: only gather the persistent
-//                                segments again from the partitions (a scope without one)
+//   <- fetch(FetchRequest) -> Done   ZeRO-3: gather the unit (all-gather of its segments) if
+//                                released. The kind says why: a gathered-parameters scope's
+//                                (outside the module order, exact values), a forward's without
+//                                grad (in the order; in training nothing is prefetched after it:
+//                                no backward follows), a forward's with grad or a backward's (in
+//                                the order; the next recorded units are gathered ahead after the
+//                                reply). `autocast`: a forward under CPU autocast.
+//   <- release(ReleaseRequest)   ZeRO-3: free a unit's storage now, or after a use (kept if the
+//                                record uses it again soon); or every unit's
+//   <- window(WindowEdge)        ZeRO inference: an Engine::forward begins or ends (a prefetch window)
+//   <- writeback(WritebackRequest) -> Done  ZeRO-3: broadcast the gathered units (and, if asked,
+//                                the persistent segments) from the modifier rank, then copy this
+//                                rank's pieces into the partitions (a gathered-parameters scope
+//                                with a modifier rank); without a modifier rank only gather the
+//                                persistent segments again from the partitions
 // optimizer-shard (owns masters and optimizer states through its state store)
 //   <- step(StepRequest) -> StepReport   finish -> partitions -> update -> gather + zero
 //   <- states -> OptimizerStates         masters and states (storage maps, memory; between steps)
-//   <- refresh(ranges) -> Done           the fp32 masters := the parameters' partitions over
-//                                        (group, begin, length) triples (after a write-back)
+//   <- refresh(RefreshRequest) -> Done  the fp32 masters := the parameters' partitions over
+//                                        those ranges (after a write-back)
 // rollout-sink (owns the weight sync's link: UCX registration of the rollout's weights, the plans)
 //   <- sync -> SyncReport        one sync (in place: the live weights; double-buffered: the standby)
 //   <- listen                    receive syncs one after another (it sends itself `listen` again)
@@ -50,6 +52,8 @@
 #include <ATen/core/Tensor.h>
 #include <caf/all.hpp>
 
+#include <array>
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
@@ -84,10 +88,58 @@ using writeback_atom = caf::atom_constant<caf::atom("writeback")>;
 using refresh_atom = caf::atom_constant<caf::atom("refresh")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;
 
-// ZeRO-3 fetch modes and flags (see fetch above).
-constexpr int kFetchScope = 0, kFetchNoGrad = 1, kFetchGrad = 2, kFetchKind = 3;
-constexpr int kFetchAutocast = 4;  // torch_autocast may gather lower-precision-safe groups in bf16
-constexpr int kFetchBackward = 8;  // bf16 only if the unit's last forward was under autocast
+// ZeRO-3: why a unit is fetched (fetch above). The order indexes Stage3Counters::by_kind.
+enum class FetchKind : uint8_t {
+  scope,            // a gathered-parameters scope: outside the module order, exact values
+  forward_no_grad,  // a forward without grad
+  forward,          // a forward with grad
+  backward,         // before the unit's backward: bf16 only if its last forward was under autocast
+};
+inline constexpr size_t kFetchKinds = 4;
+
+// A forward under CPU autocast: with torch_autocast the lower-precision-safe groups may be
+// gathered in bf16 (the values autocast's own cast gives).
+enum class Autocast : uint8_t { off, on };
+
+struct FetchRequest {
+  int64_t unit = -1;
+  FetchKind kind = FetchKind::scope;
+  Autocast autocast = Autocast::off;  // forwards only
+};
+
+enum class ReleaseKind : uint8_t {
+  now,        // free the storage
+  after_use,  // a forward or backward is done with it: kept if the record uses it again soon
+};
+
+struct ReleaseRequest {
+  static constexpr int64_t kEveryUnit = -1;
+  int64_t unit = kEveryUnit;
+  ReleaseKind kind = ReleaseKind::now;
+};
+
+enum class WindowEdge : uint8_t { begin, end };
+
+enum class PersistentCopies : uint8_t { skip, include };
+
+struct WritebackRequest {
+  static constexpr int kNoModifier = -1;
+  std::vector<int64_t> units;  // gathered units, ascending
+  PersistentCopies persistent = PersistentCopies::skip;
+  int modifier_rank = kNoModifier;  // kNoModifier: nothing is broadcast; the persistent copies are
+                                    // gathered again from the partitions
+};
+
+// The fp32 masters to take from the parameters: ranges of flat groups' partitions
+// (partition-relative elements).
+struct MasterRange {
+  int64_t group = 0;
+  int64_t begin = 0;
+  int64_t length = 0;
+};
+struct RefreshRequest {
+  std::vector<MasterRange> ranges;
+};
 
 // A reply that carries only success or the error.
 struct Done {
@@ -124,11 +176,18 @@ struct GradientsReady {
   std::exception_ptr error;
 };
 
+// ZeRO-3: fetch requests, and of them the ones whose unit was already on its way (gathered
+// ahead) or still gathered (nothing to do).
+struct FetchCounts {
+  int64_t fetches = 0;
+  int64_t prefetched = 0;
+  int64_t already_gathered = 0;
+};
+
 // ZeRO-3: what the parameter-shard did since it started.
 struct Stage3Counters {
-  int64_t fetches = 0;           // fetch requests
-  int64_t prefetched = 0;        // of them: the unit was already on its way (gathered ahead)
-  int64_t already_gathered = 0;  // of them: the unit was still gathered (nothing to do)
+  FetchCounts all;
+  std::array<FetchCounts, kFetchKinds> by_kind;  // indexed by FetchKind
   int64_t prefetch_issued = 0;   // gathers issued ahead of a request
   int64_t divergences = 0;       // windows that left the recorded order
   int64_t kept_for_reuse = 0;    // releases skipped: the unit is used again within stage3_max_reuse_distance
@@ -189,16 +248,16 @@ using gradient_reducer_actor = caf::typed_actor<
 
 using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
-                     caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, int64_t, int>::with<Done>,
-                     caf::reacts_to<release_atom, int64_t, bool>, caf::reacts_to<window_atom, bool>,
-                     caf::replies_to<writeback_atom, std::vector<int64_t>, bool, int>::with<Done>>;
+                     caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, FetchRequest>::with<Done>,
+                     caf::reacts_to<release_atom, ReleaseRequest>, caf::reacts_to<window_atom, WindowEdge>,
+                     caf::replies_to<writeback_atom, WritebackRequest>::with<Done>>;
 
 using rollout_sink_actor = caf::typed_actor<caf::replies_to<sync_atom>::with<SyncReport>, caf::reacts_to<listen_atom>,
                                             caf::replies_to<stop_atom>::with<Done>>;
 
 using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<StepReport>,
                                                caf::replies_to<states_atom>::with<OptimizerStates>,
-                                               caf::replies_to<refresh_atom, std::vector<int64_t>>::with<Done>>;
+                                               caf::replies_to<refresh_atom, RefreshRequest>::with<Done>>;
 
 }  // namespace tessera::actors
 
@@ -213,3 +272,8 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Buffers)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::OptimizerStates)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::FetchRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::ReleaseRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WindowEdge)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WritebackRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::RefreshRequest)

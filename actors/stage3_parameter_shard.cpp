@@ -194,15 +194,16 @@ struct Stage3ShardState {
     if (pending) std::rethrow_exception(std::exchange(pending, nullptr));
   }
 
-  // mode (protocol.h): kFetchScope (outside the order, exact values), kFetchNoGrad, kFetchGrad,
-  // with the flags kFetchAutocast and kFetchBackward.
-  void fetch(int64_t unit, int mode) {
+  // A fetch (protocol.h): a scope's is outside the order and exact; the others follow the record.
+  void fetch(const FetchRequest& request) {
     rethrow_pending();
-    const int kind = mode & kFetchKind;
-    bool ordered = kind != kFetchScope;
+    const int64_t unit = request.unit;
+    const FetchKind kind = request.kind;
+    bool ordered = kind != FetchKind::scope;
     if (unit < 0 || size_t(unit) >= plan().units().size())
       throw Error("ZeRO-3: fetch of unit " + std::to_string(unit) + " of " + std::to_string(plan().units().size()));
-    ++counters.fetches;
+    auto& of_kind = counters.by_kind[size_t(kind)];
+    ++counters.all.fetches, ++of_kind.fetches;
     if (spec->forward_windows && !in_window) ordered = false;  // outside a forward: on demand
     if (!ordered) {
       // A gathered-parameters scope: outside the module order.
@@ -227,19 +228,18 @@ struct Stage3ShardState {
       }
     }
     const bool was_ahead = ahead_units.erase(unit) > 0;
-    if (inflight.count(unit)) {
-      ++counters.prefetched;
-      complete(unit);
-    } else if (was_ahead) {
-      ++counters.prefetched;
+    if (inflight.count(unit) || was_ahead) {
+      ++counters.all.prefetched, ++of_kind.prefetched;
+      if (inflight.count(unit)) complete(unit);
     } else if (params->gathered(unit)) {
-      ++counters.already_gathered;
+      ++counters.all.already_gathered, ++of_kind.already_gathered;
     }
     // bf16 will do for a forward under autocast, and for the backward of one.
     bool bf16_ok = false;
-    if (kind != kFetchScope && (mode & kFetchBackward)) bf16_ok = autocast_forward.count(unit) > 0;
-    else if (kind != kFetchScope) {
-      bf16_ok = (mode & kFetchAutocast) != 0;
+    if (kind == FetchKind::backward) {
+      bf16_ok = autocast_forward.count(unit) > 0;
+    } else if (kind != FetchKind::scope) {
+      bf16_ok = request.autocast == Autocast::on;
       if (bf16_ok) autocast_forward.insert(unit);
       else autocast_forward.erase(unit);
     }
@@ -251,6 +251,20 @@ struct Stage3ShardState {
       start(unit, /*exact=*/true);
       complete(unit);
     }
+  }
+
+  // Whether the units recorded next are gathered ahead after this fetch's reply: after a forward
+  // with grad and before a backward (training), and after every forward of ZeRO inference. Not
+  // after a forward without grad in training (an eval would leave its prefetches gathered: no
+  // backward follows), nor after a scope's.
+  bool prefetches_after(FetchKind kind) const {
+    switch (kind) {
+      case FetchKind::forward:
+      case FetchKind::backward: return true;
+      case FetchKind::forward_no_grad: return spec->forward_windows;
+      case FetchKind::scope: return false;
+    }
+    return false;
   }
 
   // Gathers ahead along the record (after a fetch's reply went out).
@@ -331,8 +345,11 @@ struct Stage3ShardState {
 
   // A modifier rank's changes to gathered units (and to the persistent copies) become everybody's:
   // broadcast from `root`, then each rank's pieces go back into its partitions.
-  void writeback(const std::vector<int64_t>& units, bool persistent_too, int root) {
+  void writeback(const WritebackRequest& request) {
     rethrow_pending();
+    const auto& units = request.units;
+    const bool persistent_too = request.persistent == PersistentCopies::include;
+    const int root = request.modifier_rank;
     std::vector<std::pair<int64_t, at::Tensor>> buffers;  // (unit or kPersistent group marker, buffer)
     for (int64_t u : units) {
       if (u < 0 || size_t(u) >= plan().units().size() || !params->gathered(u) || inflight.count(u))
@@ -343,7 +360,7 @@ struct Stage3ShardState {
       auto persistent = params->persistent_segment(int64_t(g));
       if (persistent.defined()) buffers.emplace_back(kPersistent, persistent);
     }
-    if (root < 0) {  // no modifier: the persistent copies again as the partitions hold them
+    if (root == WritebackRequest::kNoModifier) {  // the persistent copies again as the partitions hold them
       if (persistent_too) gather_persistent_segments();
       return;
     }
@@ -425,40 +442,38 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
         out.stage3 = st.counters;
         return out;
       },
-      [=](fetch_atom, int64_t unit, int mode) -> caf::typed_response_promise<Done> {
+      [=](fetch_atom, const FetchRequest& request) -> caf::typed_response_promise<Done> {
         auto& st = self->state;
         auto promise = self->make_response_promise<Done>();
         Done done;
         try {
-          st.fetch(unit, mode);
+          st.fetch(request);
         } catch (...) {
           done.error = std::current_exception();
         }
         promise.deliver(done);  // the user's thread goes on while the next units are issued
-        // A forward without grad in training is followed by no backward (an eval would leave its
-        // prefetches gathered); in ZeRO inference the window's end releases them.
-        if (!done.error && (mode == 2 || (mode == 1 && st.spec->forward_windows))) st.prefetch();
+        if (!done.error && st.prefetches_after(request.kind)) st.prefetch();
         return promise;
       },
-      [=](writeback_atom, const std::vector<int64_t>& units, bool persistent, int root) -> Done {
+      [=](writeback_atom, const WritebackRequest& request) -> Done {
         Done done;
         try {
-          self->state.writeback(units, persistent, root);
+          self->state.writeback(request);
         } catch (...) {
           done.error = std::current_exception();
         }
         return done;
       },
-      [=](release_atom, int64_t unit, bool after_use) {
+      [=](release_atom, const ReleaseRequest& request) {
         auto& st = self->state;
-        if (unit < 0) {
+        if (request.unit == ReleaseRequest::kEveryUnit) {
           for (size_t u = 0; u < st.plan().units().size(); ++u) st.release(int64_t(u));
-        } else if (size_t(unit) < st.plan().units().size()) {
-          if (after_use) st.release_after_use(unit);
-          else st.release(unit);
+        } else if (request.unit >= 0 && size_t(request.unit) < st.plan().units().size()) {
+          if (request.kind == ReleaseKind::after_use) st.release_after_use(request.unit);
+          else st.release(request.unit);
         }
       },
-      [=](window_atom, bool begin) { self->state.window(begin); },
+      [=](window_atom, WindowEdge edge) { self->state.window(edge == WindowEdge::begin); },
   };
 }
 

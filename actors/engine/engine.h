@@ -99,6 +99,14 @@ struct EngineMemory {
 };
 
 // ZeRO-3's gathers since initialize (zeros at stages 0-2).
+// ZeRO-3 fetches of one kind: how many, and of them the ones already on their way (prefetched)
+// or still gathered.
+struct Stage3FetchCounts {
+  int64_t fetches = 0;
+  int64_t prefetched = 0;
+  int64_t already_gathered = 0;
+};
+
 struct Stage3Stats {
   int64_t fetches = 0;           // units asked for by a forward, a backward or a gathered-parameters scope
   int64_t prefetched = 0;        // of them: already on their way, gathered ahead along the recorded order
@@ -110,6 +118,8 @@ struct Stage3Stats {
   int64_t gathered_wire_bytes = 0;  // of every gather: the gathered segments in their wire dtype (bf16
                                     // for lower-precision-safe modules under torch_autocast)
   double fetch_wait_s = 0;       // time the caller's thread waited for fetches
+  // The counts above by why the unit was fetched.
+  Stage3FetchCounts scope, forward_no_grad, forward, backward;
 };
 
 struct InitializeOptions {

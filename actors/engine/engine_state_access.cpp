@@ -61,32 +61,35 @@ Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names,
   }
   s->stage3->pin(units);
   // The partition ranges the write-back changes: the units' pieces (and the persistent ones).
-  std::vector<int64_t> ranges;
+  actors::RefreshRequest ranges;
   for (const auto& seg : plan.segments())
     if ((seg.unit >= 0 && std::find(units.begin(), units.end(), seg.unit) != units.end()) || (seg.persistent() && persistent))
-      ranges.insert(ranges.end(), {seg.group, seg.partition_offset, seg.layout.partition_numel});
+      ranges.ranges.push_back({seg.group, seg.partition_offset, seg.layout.partition_numel});
   return Scope([s, units, persistent, modifier_rank, ranges] {
     // Without a modifier rank nothing is written back, and the persistent copies (always
     // gathered, so changed in place) are gathered again from the partitions. A write-back that
     // fails (ranks naming different modifier ranks, a timeout) changed no partition: the
     // persistent copies are gathered again, the units released, and the error raised by close()
     // or kept for the engine's next call.
-    auto writeback = [&](const std::vector<int64_t>& which, bool with_persistent, int root) {
+    using actors::PersistentCopies;
+    auto writeback = [&](const std::vector<int64_t>& which, PersistentCopies copies, int root) {
       actors::checked(actors::ask<actors::Done>(s->parameter_shard, s->bound(), "gathered_parameters: the parameter-shard",
-                                                actors::writeback_atom::value, which, with_persistent, root));
+                                                actors::writeback_atom::value, actors::WritebackRequest{which, copies, root}));
     };
+    const auto copies = persistent ? PersistentCopies::include : PersistentCopies::skip;
+    const int none = actors::WritebackRequest::kNoModifier;
     try {
       if (modifier_rank < 0) {
-        if (persistent) writeback({}, true, -1);
+        if (persistent) writeback({}, PersistentCopies::include, none);
       } else {
-        writeback(units, persistent, modifier_rank);
+        writeback(units, copies, modifier_rank);
         if (s->optimizer_shard)
           actors::checked(actors::ask<actors::Done>(s->optimizer_shard, s->bound(), "gathered_parameters: the optimizer-shard",
                                                     actors::refresh_atom::value, ranges));
       }
     } catch (const std::exception& e) {
       try {
-        if (persistent) writeback({}, true, -1);
+        if (persistent) writeback({}, PersistentCopies::include, none);
       } catch (...) {
       }
       s->stage3->unpin(units);
@@ -124,7 +127,11 @@ Stage3Stats Engine::stage3_stats() const {
   const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "stage3_stats: the parameter-shard",
                                                                     actors::buffers_atom::value));
   const auto& c = buffers.stage3;
-  out.fetches = c.fetches, out.prefetched = c.prefetched, out.already_gathered = c.already_gathered;
+  auto counts = [](const actors::FetchCounts& f) { return Stage3FetchCounts{f.fetches, f.prefetched, f.already_gathered}; };
+  auto of = [&](actors::FetchKind k) { return counts(c.by_kind[size_t(k)]); };
+  out.fetches = c.all.fetches, out.prefetched = c.all.prefetched, out.already_gathered = c.all.already_gathered;
+  out.scope = of(actors::FetchKind::scope), out.forward_no_grad = of(actors::FetchKind::forward_no_grad);
+  out.forward = of(actors::FetchKind::forward), out.backward = of(actors::FetchKind::backward);
   out.prefetch_issued = c.prefetch_issued, out.divergences = c.divergences, out.kept_for_reuse = c.kept_for_reuse;
   out.peak_gathered_bytes = c.peak_gathered_bytes, out.gathered_wire_bytes = c.gathered_wire_bytes;
   out.fetch_wait_s = s.stage3->fetch_wait_s();

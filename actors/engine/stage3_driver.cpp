@@ -22,22 +22,22 @@ Stage3Driver::Stage3Driver(std::shared_ptr<const EngineSpec> spec, parameter_sha
   pins_.assign(plan.units().size(), 0);
 }
 
-void Stage3Driver::release(int64_t unit, bool after_use) {
+void Stage3Driver::release(int64_t unit, ReleaseKind kind) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (pins_.at(size_t(unit)) > 0) return;
   }
-  caf::anon_send(shard_, release_atom::value, unit, after_use);
+  caf::anon_send(shard_, release_atom::value, ReleaseRequest{unit, kind});
 }
 
 void Stage3Driver::begin_forward() {
   if (!spec_->forward_windows || forward_depth_++ > 0) return;
-  caf::anon_send(shard_, window_atom::value, true);
+  caf::anon_send(shard_, window_atom::value, WindowEdge::begin);
 }
 
 void Stage3Driver::end_forward() {
   if (!spec_->forward_windows || --forward_depth_ > 0) return;
-  caf::anon_send(shard_, window_atom::value, false);
+  caf::anon_send(shard_, window_atom::value, WindowEdge::end);
   release_all();
 }
 
@@ -54,7 +54,7 @@ void Stage3Driver::pin(const std::vector<int64_t>& units) {
       std::lock_guard<std::mutex> lock(mutex_);
       ++pins_.at(size_t(u));
     }
-    fetch(u, kFetchScope);
+    fetch({u, FetchKind::scope, Autocast::off});
   }
 }
 
@@ -74,20 +74,21 @@ void Stage3Driver::unpin(const std::vector<int64_t>& units) {
 
 bool Stage3Driver::autocast_enabled() { return at::autocast::is_cpu_enabled(); }
 
-void Stage3Driver::fetch(int64_t unit, int mode) {
+void Stage3Driver::fetch(const FetchRequest& request) {
   const auto t0 = std::chrono::steady_clock::now();
   struct Count {
     double& total;
     std::chrono::steady_clock::time_point t0;
     ~Count() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
   } count{wait_s_, t0};
-  checked(ask<Done>(shard_, bound_, "ZeRO-3: the parameter-shard (gathering unit '" + spec_->plan->units().at(size_t(unit)).module + "')",
-                    fetch_atom::value, unit, mode));
+  checked(ask<Done>(shard_, bound_,
+                    "ZeRO-3: the parameter-shard (gathering unit '" + spec_->plan->units().at(size_t(request.unit)).module + "')",
+                    fetch_atom::value, request));
 }
 
 void Stage3Driver::after_forward(int64_t unit, bool keep) {
   // A training engine's forward without grad has no backward to reuse its units for: released.
-  if (!keep) release(unit, /*after_use=*/c10::GradMode::is_enabled() || spec_->forward_windows);
+  if (!keep) release(unit, c10::GradMode::is_enabled() || spec_->forward_windows ? ReleaseKind::after_use : ReleaseKind::now);
 }
 
 void Stage3Driver::grad_ready(int64_t param, bool reducing) {
@@ -100,7 +101,7 @@ void Stage3Driver::grad_ready(int64_t param, bool reducing) {
     const int64_t u = unit_of_[size_t(param)];
     if (u >= 0 && --missing_[size_t(u)] == 0) release = u;
   }
-  if (release >= 0) this->release(release, /*after_use=*/true);
+  if (release >= 0) this->release(release, ReleaseKind::after_use);
 }
 
 void Stage3Driver::backward_ended() {

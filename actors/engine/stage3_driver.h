@@ -40,10 +40,11 @@ class Stage3Driver final : public zero::UnitListener {
 
   // A forward without grad prefetches nothing: no backward follows it (an eval leaves nothing gathered).
   void before_forward(int64_t unit) override {
-    fetch(unit, (c10::GradMode::is_enabled() ? kFetchGrad : kFetchNoGrad) | (autocast_enabled() ? kFetchAutocast : 0));
+    fetch({unit, c10::GradMode::is_enabled() ? FetchKind::forward : FetchKind::forward_no_grad,
+           autocast_enabled() ? Autocast::on : Autocast::off});
   }
   void after_forward(int64_t unit, bool keep) override;
-  void before_backward(int64_t unit) override { fetch(unit, kFetchGrad | kFetchBackward); }
+  void before_backward(int64_t unit) override { fetch({unit, FetchKind::backward, Autocast::off}); }
 
   void grad_ready(int64_t param, bool reducing);
   void backward_ended();
@@ -56,9 +57,9 @@ class Stage3Driver final : public zero::UnitListener {
   bool pinned();  // some gathered-parameters scope is open
 
  private:
-  void fetch(int64_t unit, int mode);  // protocol.h: kFetchScope, kFetchNoGrad, kFetchGrad, and flags
+  void fetch(const FetchRequest& request);  // waits for the gather
   static bool autocast_enabled();      // LibTorch's CPU autocast, on this thread
-  void release(int64_t unit, bool after_use = false);  // unless pinned
+  void release(int64_t unit, ReleaseKind kind = ReleaseKind::now);  // unless pinned
 
   std::shared_ptr<const EngineSpec> spec_;
   parameter_shard_actor shard_;

@@ -132,3 +132,55 @@ TEST_CASE("Units kept for reuse (stage3_max_reuse_distance) train bitwise as uni
   CHECK(kept.stats.peak_gathered_bytes > (max_live + tight.largest) * 4);  // the bound is what held it
   expect_same_parameters(tight.params, released.params);
 }
+
+// Every fetch that follows the record prefetches after the recording window, whatever its kind:
+// backward fetches (all but the first of a backward, whose unit the forward just released with
+// stage3_max_reuse_distance 0), forwards under torch_autocast, and ZeRO inference forwards under
+// autocast. (The fetch message once carried its kind in an int with flags, and only the plain
+// forward value prefetched: backward and autocast fetches never did, results unchanged.)
+TEST_CASE("After the recording window backward and autocast fetches are prefetched too", "[prefetch]") {
+  const std::string autocast = "[torch_autocast]\nenabled = true\ndtype = \"bfloat16\"\n";
+  const std::string zero = "[zero_optimization]\nstage = 3\nstage3_param_persistence_threshold = " +
+                           std::to_string(kPersistence) + "\nstage3_max_reuse_distance = 0\nstage3_prefetch_bucket_size = 5000\n"
+                           "[tessera.transport]\ncollective_timeout_ms = 60000\n";
+  for (bool under_autocast : {false, true}) {
+    INFO("training, torch_autocast " << under_autocast);
+    tessera::nn::TinyGpt model(small_gpt_config(8));
+    auto engine = engine_for(model.module(), "train_micro_batch_size_per_gpu = 4\n[optimizer]\ntype = \"AdamW\"\n"
+                                             "[optimizer.params]\nlr = 3e-3\n" + (under_autocast ? autocast : "") + zero);
+    auto step = [&](int i) {
+      auto x = tokens(kRank, i);
+      engine->backward(engine->forward([&] { return model.loss(x.narrow(1, 0, 15), x.narrow(1, 1, 15)); }));
+      engine->step();
+    };
+    step(0);  // the recording window
+    const auto before = engine->stage3_stats();
+    const int steps = 3;
+    for (int i = 1; i <= steps; ++i) step(i);
+    const auto after = engine->stage3_stats();
+    const auto backward = after.backward.fetches - before.backward.fetches;
+    const auto backward_ahead = after.backward.prefetched - before.backward.prefetched;
+    const auto forward = after.forward.fetches - before.forward.fetches;
+    const auto forward_ahead = after.forward.prefetched - before.forward.prefetched;
+    INFO("backward fetches " << backward << ", prefetched " << backward_ahead << "; forward fetches " << forward
+                             << ", prefetched " << forward_ahead);
+    REQUIRE(backward > 2 * steps);
+    CHECK(backward_ahead == backward - steps);  // all but each backward's first
+    CHECK(forward_ahead == forward - steps);    // all but each forward's first
+    CHECK(after.divergences == 0);
+    CHECK(after.fetches == after.scope.fetches + after.forward_no_grad.fetches + after.forward.fetches + after.backward.fetches);
+  }
+  SECTION("ZeRO inference under autocast") {
+    tessera::nn::TinyGpt model(small_gpt_config(21));
+    auto engine = engine_for(model.module(), "train_micro_batch_size_per_gpu = 4\n" + autocast + zero);
+    torch::NoGradGuard no_grad;
+    for (int i = 0; i < 3; ++i) {
+      const auto before = engine->stage3_stats();
+      (void)engine->forward([&] { return model.forward(tokens(kRank, i)); });
+      const auto after = engine->stage3_stats();
+      const auto fetches = after.forward_no_grad.fetches - before.forward_no_grad.fetches;
+      INFO("window " << i << ": fetches " << fetches);
+      if (i > 0) CHECK(after.forward_no_grad.prefetched - before.forward_no_grad.prefetched == fetches - 1);
+    }
+  }
+}
