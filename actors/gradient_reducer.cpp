@@ -25,7 +25,8 @@ int64_t bytes(const at::Tensor& t) { return t.defined() ? int64_t(t.numel() * t.
 struct ReducerState {
   std::shared_ptr<const EngineSpec> spec;
   std::vector<at::Tensor> parameters;
-  std::shared_ptr<BucketStaging> staging;
+  std::shared_ptr<BucketStaging> staging;         // stage 2
+  std::shared_ptr<UnitGradStaging> unit_staging;  // stage 3
   std::shared_ptr<transport::Communicator> comm;
   // Owned buffers, per flat group (undefined where the mode does not use them).
   std::vector<std::unique_ptr<zero::FlatGradients>> flat;  // stages 0/1
@@ -52,25 +53,32 @@ struct ReducerState {
   const zero::ShardingPlan& plan() const { return *spec->plan; }
   bool stage3() const { return plan().stage() == 3; }
 
-  // ZeRO-3: one item's staged segments reduce-scattered (averaged) into the partition. The
-  // buffers are the reducer's now and die when their reduction finished.
-  void reduce_segments(StagedSegments& staged) {
+  // ZeRO-3: a staged chunk reduce-scattered (averaged) into its piece, which is added into the
+  // partition; then the slot goes back.
+  void reduce_chunk(const StagedChunk& staged) {
+    auto staging_ref = unit_staging;
+    const int slot = staged.slot;
+    const auto& seg = plan().segments().at(size_t(staged.segment));
+    auto slice = reduced[size_t(seg.group)].narrow(0, seg.partition_offset + staged.begin, staged.length);
+    if (!comm) {  // one rank: its gradients are their own average
+      slice.add_(staged.data);
+      staging_ref->give_back(slot);
+      return;
+    }
     transport::ReduceOptions average;
     average.op = transport::ReduceOp::avg;
-    for (auto& [index, data] : staged.segments) {
-      const auto& seg = plan().segments().at(size_t(index));
-      auto slice = reduced[size_t(seg.group)].narrow(0, seg.partition_offset, seg.layout.partition_numel);
-      if (!comm) {  // one rank: its gradients are their own average
-        slice.add_(data);
-        continue;
-      }
-      auto piece = at::empty({seg.layout.partition_numel}, data.options());
-      auto input = data;
-      issued.push_back({comm->reduce_scatter(input, piece, average), [slice, piece, input]() mutable {
-                          slice.add_(piece);
-                          input = at::Tensor();
-                        }});
+    auto piece = staged.piece;
+    std::shared_ptr<transport::Work> work;
+    try {
+      work = comm->reduce_scatter(staged.data, piece, average);
+    } catch (...) {
+      staging_ref->give_back(slot);
+      throw;
     }
+    issued.push_back({std::move(work), [slice, piece, staging_ref, slot]() mutable {
+                        slice.add_(piece);
+                        staging_ref->give_back(slot);
+                      }});
   }
 
   // The gradients a group's stages-0/1 buckets are read from.
@@ -270,6 +278,7 @@ struct ReducerState {
     }
     if (staging || stage3()) {
       if (staging) n += staging->bytes();
+      if (unit_staging) n += unit_staging->bytes();
       for (const auto& p : parameters) n += bytes(p.grad());  // deferred or no_sync-accumulated
     }
     return n;
@@ -308,10 +317,10 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
         s.finish_completed();
         arm_poll();
       },
-      [=](segments_atom, StagedSegments& staged) {
+      [=](chunk_atom, const StagedChunk& staged) {
         auto& s = self->state;
         try {
-          s.reduce_segments(staged);
+          s.reduce_chunk(staged);
         } catch (...) {
           s.fail(std::current_exception());
         }
@@ -380,6 +389,7 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
 gradient_reducer_actor spawn_gradient_reducer(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters,
                                               const std::vector<std::unique_ptr<zero::FlatParameters>>& flat,
                                               std::shared_ptr<BucketStaging> staging,
+                                              std::shared_ptr<UnitGradStaging> unit_staging,
                                               std::shared_ptr<transport::Communicator> comm) {
   // Every buffer is made here, on the caller's thread, before the actor exists (then it is the
   // actor's): CAF copies spawn arguments, so the state travels in a shared holder.
@@ -407,10 +417,12 @@ gradient_reducer_actor spawn_gradient_reducer(std::shared_ptr<const EngineSpec> 
   s->spec = std::move(spec);
   s->parameters = std::move(parameters);
   s->staging = std::move(staging);
+  s->unit_staging = unit_staging;
   s->comm = std::move(comm);
   auto staging_ref = s->staging;  // the actor empties `s` on its own thread
   auto actor = actor_system().spawn<caf::detached>(reducer, std::move(s));
   if (staging_ref) staging_ref->connect(actor);
+  if (unit_staging) unit_staging->connect(actor);
   return actor;
 }
 

@@ -32,6 +32,7 @@
 #include "actors/bucket_staging.h"
 #include "actors/engine_spec.h"
 #include "actors/protocol.h"
+#include "actors/unit_grad_staging.h"
 #include "core/zero/flat_parameters.h"
 #include "transport/communicator.h"
 
@@ -44,6 +45,7 @@ namespace tessera::actors {
 gradient_reducer_actor spawn_gradient_reducer(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters,
                                               const std::vector<std::unique_ptr<zero::FlatParameters>>& flat,
                                               std::shared_ptr<BucketStaging> staging,
+                                              std::shared_ptr<UnitGradStaging> unit_staging,
                                               std::shared_ptr<transport::Communicator> comm);
 
 }  // namespace tessera::actors

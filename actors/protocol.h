@@ -9,8 +9,8 @@
 //   <- begin                     a backward whose gradients must be reduced starts
 //   <- ready(i)                  stages 0/1: parameter i's gradient is final for this backward
 //   <- bucket(StagedBucket)      partitioned gradients: a filled bucket (its staging slot is lent)
-//   <- segments(StagedSegments)  ZeRO-3: one reduction item's staged gradients, reduce-scattered
-//                                into this rank's partition (the tensors are given, not lent)
+//   <- chunk(StagedChunk)        ZeRO-3: a chunk of a segment's staged gradients, reduce-scattered
+//                                into this rank's partition (its staging slot is lent)
 //   <- flush                     backward ended: issue every bucket not issued yet
 //   <- reclaim                   the staging needs a slot: issue what arrived, finish the oldest
 //   <- fold -> Done              fp32 accumulation: fold this backward's gradients (no reduction)
@@ -83,7 +83,7 @@ using listen_atom = caf::atom_constant<caf::atom("listen")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;
-using segments_atom = caf::atom_constant<caf::atom("segments")>;
+using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
 using writeback_atom = caf::atom_constant<caf::atom("writeback")>;
 using refresh_atom = caf::atom_constant<caf::atom("refresh")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;
@@ -154,11 +154,18 @@ struct StagedBucket {
   at::Tensor data;
 };
 
-// ZeRO-3: the gradients of one reduction item (a unit's segments, or a persistent segment), each
-// staged as its gathered segment (padded_numel elements of the group's comm dtype, padding zero).
-struct StagedSegments {
-  int64_t item = 0;                                     // position in the reduction order
-  std::vector<std::pair<int64_t, at::Tensor>> segments;  // (segment index, data)
+// ZeRO-3: a chunk of one segment's gradients, reduce-scattered into elements [begin, begin +
+// length) of this rank's piece of the segment. `data` holds, for each rank r in turn, the length
+// elements at r's piece offset + begin of the gathered segment (padding zero); `piece` receives
+// this rank's reduced elements. Both are views of staging slot `slot` (unit_grad_staging.h), lent
+// to the reducer until it gives the slot back.
+struct StagedChunk {
+  int64_t segment = 0;  // the plan's segment
+  int64_t begin = 0;
+  int64_t length = 0;
+  int slot = -1;
+  at::Tensor data;
+  at::Tensor piece;
 };
 
 struct FinishRequest {
@@ -241,7 +248,7 @@ struct SyncReport {
 
 using gradient_reducer_actor = caf::typed_actor<
     caf::reacts_to<begin_atom>, caf::reacts_to<ready_atom, int64_t>, caf::reacts_to<bucket_atom, StagedBucket>,
-    caf::reacts_to<segments_atom, StagedSegments>,
+    caf::reacts_to<chunk_atom, StagedChunk>,
     caf::reacts_to<flush_atom>, caf::reacts_to<reclaim_atom>, caf::reacts_to<poll_atom>,
     caf::replies_to<fold_atom>::with<Done>, caf::replies_to<finish_atom, FinishRequest>::with<GradientsReady>,
     caf::replies_to<zero_atom>::with<Done>, caf::replies_to<memory_atom>::with<ReducerMemory>>;
@@ -265,7 +272,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Done)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::SyncReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::ReducerMemory)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedBucket)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedSegments)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedChunk)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::FinishRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::GradientsReady)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Buffers)

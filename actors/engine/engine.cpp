@@ -260,8 +260,8 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   impl->inference = inference;
   impl->sequential_units = std::move(sequential_units);
   if (stage3 && !inference) impl->unit_staging = std::make_shared<actors::UnitGradStaging>(spec, parameters);
-  if (!inference) impl->reducer = actors::spawn_gradient_reducer(spec, parameters, flat, impl->staging, grad_comm);
-  if (impl->unit_staging) impl->unit_staging->connect(impl->reducer);
+  if (!inference)
+    impl->reducer = actors::spawn_gradient_reducer(spec, parameters, flat, impl->staging, impl->unit_staging, grad_comm);
   if (!plan->partitioned_gradients() && !stage3)
     for (const auto& p : parameters) impl->grad_views.emplace_back(p, p.grad().data_ptr());
   impl->parameter_shard = stage3 ? actors::spawn_stage3_parameter_shard(spec, std::move(stage3_parameters), param_comm)

@@ -60,14 +60,18 @@ void decode(const std::vector<int64_t>& w, std::vector<std::vector<int64_t>>& pr
 
 }  // namespace
 
-// The double-buffered slot: idle (nobody holds it), writing (lent to the sink), staged (a verified
-// set awaits its swap). The sink's thread and the generating thread meet here.
-struct RolloutEngine::Standby {
-  enum class State { idle, writing, staged };
-  std::mutex mutex;
+// The published weights (rollout_engine.h says which thread writes and reads what): every field
+// is read and written under `mutex`, the one lock for all of them, so a version, its torn flag and
+// the staged set's version are always read together. The standby slot is idle (nobody holds it),
+// writing (lent to the sink) or staged (a verified set awaits its swap); `changed` wakes its waiters.
+struct RolloutEngine::Weights {
+  enum class Slot { idle, writing, staged };
+  mutable std::mutex mutex;
   std::condition_variable changed;
-  State state = State::idle;
-  std::vector<torch::Tensor> tensors;
+  uint64_t version = 0;  // 0: none yet, or a load failed after writing began
+  bool torn = false;     // an in-place sync failed after it was agreed
+  Slot slot = Slot::idle;
+  std::vector<torch::Tensor> standby;  // shaped as the parameters, in their order
 };
 
 std::unique_ptr<RolloutEngine> RolloutEngine::create(const RolloutOptions& options) {
@@ -93,7 +97,7 @@ std::unique_ptr<RolloutEngine> RolloutEngine::create(const RolloutOptions& optio
   std::unique_ptr<RolloutEngine> engine(new RolloutEngine());
   engine->group_ = group;
   engine->timeout_ = options.timeout;
-  engine->standby_ = std::make_unique<Standby>();
+  engine->weights_ = std::make_unique<Weights>();
   nn::DecoderOptions model_options;
   model_options.dtype = options.dtype;
   model_options.random_init = false;  // generate() refuses until weights are loaded or synced
@@ -115,25 +119,46 @@ std::unique_ptr<RolloutEngine> RolloutEngine::create(const RolloutOptions& optio
 
 RolloutEngine::~RolloutEngine() = default;
 
+uint64_t RolloutEngine::weight_version() const {
+  std::lock_guard<std::mutex> lock(weights_->mutex);
+  return weights_->version;
+}
+
+bool RolloutEngine::weights_torn() const {
+  std::lock_guard<std::mutex> lock(weights_->mutex);
+  return weights_->torn;
+}
+
+void RolloutEngine::mark_weights_torn() {
+  std::lock_guard<std::mutex> lock(weights_->mutex);
+  weights_->torn = true;
+}
+
+uint64_t RolloutEngine::publish_synced_weights() {
+  std::lock_guard<std::mutex> lock(weights_->mutex);
+  weights_->torn = false;
+  return ++weights_->version;
+}
+
 std::vector<at::Tensor> RolloutEngine::standby_for_writing(std::chrono::milliseconds timeout) {
-  auto& s = *standby_;
-  std::unique_lock<std::mutex> lock(s.mutex);
-  if (!s.changed.wait_for(lock, timeout, [&] { return s.state == Standby::State::idle; }))
-    throw TimeoutError("RolloutEngine: the staged weights (version " + std::to_string(weight_version_ + 1) +
+  auto& w = *weights_;
+  std::unique_lock<std::mutex> lock(w.mutex);
+  if (!w.changed.wait_for(lock, timeout, [&] { return w.slot == Weights::Slot::idle; }))
+    throw TimeoutError("RolloutEngine: the staged weights (version " + std::to_string(w.version + 1) +
                        ") were not swapped in within " + std::to_string(timeout.count()) +
                        " ms (double-buffered weights become live at the next generate())");
-  if (s.tensors.empty()) {
+  if (w.standby.empty()) {
     torch::NoGradGuard no_grad;
-    for (const auto& p : model_->module()->parameters()) s.tensors.push_back(p.detach().clone());
+    for (const auto& p : model_->module()->parameters()) w.standby.push_back(p.detach().clone());
   }
-  s.state = Standby::State::writing;
-  return {s.tensors.begin(), s.tensors.end()};
+  w.slot = Weights::Slot::writing;
+  return {w.standby.begin(), w.standby.end()};
 }
 
 void RolloutEngine::adopt_standby(std::vector<at::Tensor> tensors) {
-  std::lock_guard<std::mutex> lock(standby_->mutex);
+  std::lock_guard<std::mutex> lock(weights_->mutex);
   auto params = model_->module()->parameters();
-  if (standby_->state != Standby::State::idle || tensors.size() != params.size())
+  if (weights_->slot != Weights::Slot::idle || tensors.size() != params.size())
     throw Error("RolloutEngine::adopt_standby: the standby set is in use, or " + std::to_string(tensors.size()) +
                 " tensors for " + std::to_string(params.size()) + " parameters");
   torch::NoGradGuard no_grad;
@@ -142,35 +167,35 @@ void RolloutEngine::adopt_standby(std::vector<at::Tensor> tensors) {
       throw Error("RolloutEngine::adopt_standby: tensor " + std::to_string(i) + " is not shaped as its parameter");
     tensors[i].copy_(params[i].detach());
   }
-  standby_->tensors.assign(tensors.begin(), tensors.end());
+  weights_->standby.assign(tensors.begin(), tensors.end());
 }
 
 uint64_t RolloutEngine::standby_written(bool verified) {
   uint64_t version = 0;
   {
-    std::lock_guard<std::mutex> lock(standby_->mutex);
-    standby_->state = verified ? Standby::State::staged : Standby::State::idle;
-    if (verified) version = weight_version_ + 1;
+    std::lock_guard<std::mutex> lock(weights_->mutex);
+    weights_->slot = verified ? Weights::Slot::staged : Weights::Slot::idle;
+    if (verified) version = weights_->version + 1;
   }
-  standby_->changed.notify_all();
+  weights_->changed.notify_all();
   return version;
 }
 
 uint64_t RolloutEngine::staged_version() const {
-  std::lock_guard<std::mutex> lock(standby_->mutex);
-  return standby_->state == Standby::State::staged ? weight_version_ + 1 : 0;
+  std::lock_guard<std::mutex> lock(weights_->mutex);
+  return weights_->slot == Weights::Slot::staged ? weights_->version + 1 : 0;
 }
 
 bool RolloutEngine::take_staged(bool wait, std::chrono::milliseconds timeout) {
   const auto t = std::chrono::steady_clock::now();
-  auto& s = *standby_;
-  std::unique_lock<std::mutex> lock(s.mutex);
+  auto& w = *weights_;
+  std::unique_lock<std::mutex> lock(w.mutex);
   if (wait) {
-    if (!s.changed.wait_for(lock, timeout, [&] { return s.state == Standby::State::staged; }))
-      throw TimeoutError("RolloutEngine::generate: TP rank 0 swaps in version " + std::to_string(weight_version_ + 1) +
+    if (!w.changed.wait_for(lock, timeout, [&] { return w.slot == Weights::Slot::staged; }))
+      throw TimeoutError("RolloutEngine::generate: TP rank 0 swaps in version " + std::to_string(w.version + 1) +
                          ", which TP rank " + std::to_string(tp_rank()) + " has not staged within " +
                          std::to_string(timeout.count()) + " ms");
-  } else if (s.state != Standby::State::staged) {
+  } else if (w.slot != Weights::Slot::staged) {
     return false;
   }
   {
@@ -178,15 +203,15 @@ bool RolloutEngine::take_staged(bool wait, std::chrono::milliseconds timeout) {
     auto params = model_->module()->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       auto live = params[i].data();
-      params[i].set_data(s.tensors[i]);
-      s.tensors[i] = live;
+      params[i].set_data(w.standby[i]);
+      w.standby[i] = live;
     }
   }
-  s.state = Standby::State::idle;
-  ++weight_version_;
-  weights_torn_ = false;
+  w.slot = Weights::Slot::idle;
+  ++w.version;
+  w.torn = false;
   lock.unlock();
-  s.changed.notify_all();
+  w.changed.notify_all();
   last_swap_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
   return true;
 }
@@ -213,16 +238,20 @@ void RolloutEngine::load_weights(const std::string& dir) {
     any.op = transport::ReduceOp::max;
     group_->all_reduce(failed, any)->wait();
     if (failed[0].item<float>() > 0) {
-      if (failed[1].item<float>() > 0) weight_version_ = 0;  // some rank may hold a torn mix: serve nothing
+      if (failed[1].item<float>() > 0) drop_weights();  // some rank may hold a torn mix: serve nothing
       throw CheckpointError(error.empty() ? "RolloutEngine::load_weights: " + dir + ": another TP rank failed to load"
                                           : error);
     }
   } else if (!error.empty()) {
-    if (written) weight_version_ = 0;
+    if (written) drop_weights();
     throw CheckpointError(error);
   }
-  weights_torn_ = false;
-  ++weight_version_;
+  publish_synced_weights();  // a complete load publishes as a complete sync does
+}
+
+void RolloutEngine::drop_weights() {
+  std::lock_guard<std::mutex> lock(weights_->mutex);
+  weights_->version = 0;
 }
 
 nn::GenerationResult RolloutEngine::generate(const std::vector<std::vector<int64_t>>& prompts,
@@ -251,11 +280,17 @@ nn::GenerationResult RolloutEngine::generate(const std::vector<std::vector<int64
     shared_params = {};
     decode(std::vector<int64_t>(w, w + buffer.numel() - 1), shared_prompts, shared_params, shared_cache);
   }
-  if (weight_version_ == 0)
+  uint64_t version = 0;
+  bool torn = false;
+  {
+    std::lock_guard<std::mutex> lock(weights_->mutex);  // one snapshot: the version the torn flag is about
+    version = weights_->version, torn = weights_->torn;
+  }
+  if (version == 0)
     throw Error("RolloutEngine::generate: no weights yet (created from a config alone; load_weights or a sync first)");
-  if (weights_torn_)
+  if (torn)
     throw Error("RolloutEngine::generate: the last weight sync (in place) failed; waiting for a good one (version " +
-                std::to_string(weight_version_) + " is partly overwritten)");
+                std::to_string(version) + " is partly overwritten)");
   return nn::generate(*model_, shared_prompts, shared_params, shared_cache);
 }
 

@@ -55,17 +55,14 @@ class RolloutEngine {
   void load_weights(const std::string& dir);
   // 0 until weights arrived (created from a config alone): generate() refuses to run on the
   // random initialisation. Each complete load (or, later, sync) adds 1.
-  uint64_t weight_version() const { return weight_version_; }
+  uint64_t weight_version() const;
   // For the rollout sink: a complete, verified sync has written every parameter of model():
   // version + 1, generation may go on.
-  uint64_t publish_synced_weights() {
-    weights_torn_ = false;
-    return ++weight_version_;
-  }
+  uint64_t publish_synced_weights();
   // For the rollout sink: a sync into model() in place failed; generate() refuses until the next
   // good one (the weights may be a mix of two versions).
-  void mark_weights_torn() { weights_torn_ = true; }
-  bool weights_torn() const { return weights_torn_; }
+  void mark_weights_torn();
+  bool weights_torn() const;
 
   // Double-buffered updates, for the rollout sink: a second set of tensors shaped as model()'s
   // parameters (in named_parameters order; a clone of them at first use), written while generate()
@@ -94,12 +91,17 @@ class RolloutEngine {
   std::shared_ptr<transport::Communicator> group_;
   std::chrono::milliseconds timeout_{0};
   std::unique_ptr<nn::DecoderLm> model_;
-  uint64_t weight_version_ = 0;
-  bool weights_torn_ = false;
-  struct Standby;
-  std::unique_ptr<Standby> standby_;
-  double last_swap_ms_ = 0;
+  // The published weights: version, torn flag and the standby slot (whose staged set is version
+  // + 1), one object under one mutex (rollout_engine.cpp); every read and write goes through it.
+  // Writers: the user's thread (load_weights; generate() swapping a staged set in) and the sink's
+  // thread (mark_weights_torn, publish_synced_weights, standby_for_writing, standby_written).
+  // Readers: both (weight_version, weights_torn, staged_version, generate()'s checks, the sink's
+  // error messages). A listening sink writes while the user's thread generates.
+  struct Weights;
+  std::unique_ptr<Weights> weights_;
+  double last_swap_ms_ = 0;  // written and read by the generating (user's) thread only
   bool take_staged(bool wait, std::chrono::milliseconds timeout);  // swaps; false when none staged
+  void drop_weights();  // version 0: a load failed after writing began
 };
 
 }  // namespace tessera

@@ -39,11 +39,16 @@ int main(int argc, char** argv) {
   app.add_option("--layers", model.layers, "hidden layers");
   app.add_option("--input", model.input, "input features");
   app.add_option("--output", model.output, "outputs");
-  app.add_option("--stage", stage, "ZeRO stage")->check(CLI::Range(0, 2));
+  app.add_option("--stage", stage, "ZeRO stage")->check(CLI::Range(0, 3));
   app.add_option("--steps", steps, "optimizer steps");
   app.add_option("--batch", batch, "rows per rank and step");
   app.add_option("--bucket", bucket, "reduce_bucket_size (elements)");
   app.add_option("--sample-every", sample_every, "steps between RSS samples");
+  // Stage 3's bounds; unset: the config's defaults (DeepSpeed's).
+  int64_t max_live = -1, reuse_distance = -1, prefetch_bucket = -1;
+  app.add_option("--max-live", max_live, "stage3_max_live_parameters (elements)");
+  app.add_option("--reuse-distance", reuse_distance, "stage3_max_reuse_distance (elements)");
+  app.add_option("--prefetch-bucket", prefetch_bucket, "stage3_prefetch_bucket_size (elements)");
   app.add_option("--precision", precision, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
@@ -54,7 +59,10 @@ int main(int argc, char** argv) {
                            (precision == "bf16" ? "[bf16]\nenabled = true\n" : "") +
                            "[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 1e-4\n"
                            "[zero_optimization]\nstage = " + std::to_string(stage) +
-                           "\noverlap_comm = true\nreduce_bucket_size = " + std::to_string(bucket) + "\n";
+                           "\noverlap_comm = true\nreduce_bucket_size = " + std::to_string(bucket) + "\n" +
+                           (max_live >= 0 ? "stage3_max_live_parameters = " + std::to_string(max_live) + "\n" : "") +
+                           (reuse_distance >= 0 ? "stage3_max_reuse_distance = " + std::to_string(reuse_distance) + "\n" : "") +
+                           (prefetch_bucket >= 0 ? "stage3_prefetch_bucket_size = " + std::to_string(prefetch_bucket) + "\n" : "");
   auto engine = tessera::initialize(mlp.module(), tessera::config::load_config_text(toml, tessera::config::Format::toml, "mlp_memory")).engine;
   auto line = [&](const char* kind, int step) {
     const auto m = engine->memory();

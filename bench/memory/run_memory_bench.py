@@ -7,9 +7,10 @@
 
 saving: peak RSS per rank (VmHWM) of mlp_memory on the 51 M-parameter MLP (256-4096x4-16, fp32,
   2 ranks, 4 steps) at stage 1 (the baseline) and stage 2; the saving as a ratio to half the
-  gradient bytes (what ZeRO-2 exists to save at 2 ranks).
+  gradient bytes (what ZeRO-2 exists to save at 2 ranks); at DeepSpeed's default
+  reduce_bucket_size (5e8) and at 2e6.
 flat: RSS every 50 steps over --steps steps of the 3.4 M-parameter MLP (256-1024x4-16) at stages
-  0, 1 and 2, and of examples/train_lm (sampled from outside every second); growth = the largest
+  0, 1, 2 and 3, and of examples/train_lm (sampled from outside every second); growth = the largest
   RSS after warm-up (the first 10% of the run) over the RSS at the end of warm-up, minus 1.
 """
 import argparse
@@ -38,10 +39,16 @@ def run_ranks(build, args, port):
 
 
 def saving(build):
+    for bucket in (500_000_000, 2_000_000):
+        saving_at(build, bucket)
+
+
+def saving_at(build, bucket):
     program = os.path.join(build, "bench", "memory", "mlp_memory")
     peaks = {}
     for stage in (1, 2):
-        lines = run_ranks(build, [program, "--width", "4096", "--stage", str(stage), "--steps", "4"], 29810 + stage)
+        lines = run_ranks(build, [program, "--width", "4096", "--stage", str(stage), "--steps", "4",
+                                  "--bucket", str(bucket)], 29810 + stage)
         last = [l for l in lines if l["kind"] == "peak"]
         peaks[stage] = max(l["peak_mb"] for l in last)
         parameters, bucket = last[0]["parameters"], last[0]["bucket_elements"]
@@ -61,7 +68,7 @@ def growth(curve):
 
 def flat_mlp(build, steps):
     program = os.path.join(build, "bench", "memory", "mlp_memory")
-    for stage in (0, 1, 2):
+    for stage in (0, 1, 2, 3):
         lines = run_ranks(build, [program, "--width", "1024", "--stage", str(stage), "--steps", str(steps),
                                   "--sample-every", "50"], 29820 + stage)
         for rank in (0, 1):

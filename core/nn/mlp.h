@@ -3,7 +3,8 @@
 // but matrix products and elementwise ops runs, so the data-parallel path dominates).
 //
 // Shapes: x [B, input] -> Linear(input, width) -> tanh -> (layers - 1) x [Linear(width, width),
-// tanh] -> Linear(width, output); loss = mean squared error against a target [B, output].
+// tanh] -> Linear(width, output); loss = mean squared error against a target [B, output]. The
+// layers are entries of one torch::nn::Sequential ("net.fc0", ..., "net.head"), which ZeRO-3 takes.
 // Example: input 256, width 4096, layers 4, output 16: 51.4 M parameters (205 MB in fp32);
 // width 1024: 3.44 M (13.8 MB). Inputs and targets are seeded per (seed, step, rank).
 #pragma once

@@ -83,9 +83,10 @@ ShardingPlan::ShardingPlan(std::vector<PlannedParameter> parameters, const Shard
     for (int64_t b = 0; b < group.layout.partition_numel; b += options_.sub_group_elements)
       group.sub_groups.push_back({b, std::min(group.layout.partition_numel, b + options_.sub_group_elements)});
   if (options_.stage != 3)
-    buckets_ = make_bucket_plan(layouts, model_index,
-                                partitioned_gradients() ? BucketShape::reduce_to_owner : BucketShape::all_reduce,
-                                options_.bucket_elements);
+    buckets_ = partitioned_gradients()
+                   ? make_bucket_plan(layouts, model_index, BucketShape::reduce_to_owner,
+                                      std::min(options_.bucket_elements, kMaxStagedBucketElements))
+                   : make_bucket_plan(layouts, model_index, BucketShape::all_reduce, options_.bucket_elements);
 }
 
 int64_t ShardingPlan::largest_sub_group() const {

@@ -54,10 +54,17 @@ struct PlannedParameter {
   int64_t numel() const;
 };
 
+// Stage 2 stages each bucket's gradients in a ring of two slots of the largest bucket
+// (actors/bucket_staging.h), so its buckets are at most this many elements whatever
+// reduce_bucket_size says: DeepSpeed's default 5e8 would make the ring as large as the gradients
+// partitioning saves. 2 x 4 MiB in fp32; a bucket's reduction is elementwise, so the cut changes
+// no result.
+inline constexpr int64_t kMaxStagedBucketElements = int64_t(1) << 20;
+
 struct ShardingPlanOptions {
   int64_t stage = 0;
   int world = 1;                              // data-parallel size
-  int64_t bucket_elements = 500'000'000;      // zero_optimization.reduce_bucket_size
+  int64_t bucket_elements = 500'000'000;      // zero_optimization.reduce_bucket_size (stage 2: at most kMaxStagedBucketElements)
   int64_t sub_group_elements = 1'000'000'000;  // zero_optimization.sub_group_size
   // Stage 3: parameters of at most this many elements stay gathered (stage3_param_persistence_threshold).
   // 0 (only empty parameters) here, so a plan built by hand keeps every parameter partitioned; the

@@ -96,7 +96,7 @@ TEST_CASE("parameter-shard: partitions are lent views, gather fills every rank's
 TEST_CASE("gradient-reducer (stage 1): ready in any order, finish gives the averaged partition, zero zeroes",
           "[actors]") {
   Fixture f(1);
-  auto reducer = spawn_gradient_reducer(f.spec, {f.a, f.b}, f.flat, nullptr, comm("gr_stage1"));
+  auto reducer = spawn_gradient_reducer(f.spec, {f.a, f.b}, f.flat, nullptr, nullptr, comm("gr_stage1"));
   f.set_gradients();  // into the flat gradient buffer (.grad are its views)
   caf::anon_send(reducer, begin_atom::value);
   // Ranks report in different orders; the plan fixes what is issued.
@@ -122,7 +122,7 @@ TEST_CASE("gradient-reducer (stage 2): staged buckets reduced to their owners, .
   if (kWorld == 1) return;  // one rank partitions nothing
   Fixture f(2, /*bucket=*/4);  // several buckets per partition, fewer staging slots than buckets
   auto staging = std::make_shared<BucketStaging>(f.spec, std::vector<at::Tensor>{f.a, f.b});
-  auto reducer = spawn_gradient_reducer(f.spec, {f.a, f.b}, f.flat, staging, comm("gr_stage2"));
+  auto reducer = spawn_gradient_reducer(f.spec, {f.a, f.b}, f.flat, staging, nullptr, comm("gr_stage2"));
   for (int round = 0; round < 2; ++round) {  // every backward adds into the partition
     f.set_gradients();
     staging->start();
@@ -150,7 +150,7 @@ TEST_CASE("optimizer-shard: one step through the reducer and the parameter-shard
   std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels{optim::make_optimizer_kernel(sgd)};
   auto buffer = f.flat[0]->buffer();
   std::vector<at::Tensor> partitions{f.flat[0]->partition(kRank)};
-  auto reducer = spawn_gradient_reducer(f.spec, {f.a, f.b}, f.flat, nullptr, comm("os_grad"));
+  auto reducer = spawn_gradient_reducer(f.spec, {f.a, f.b}, f.flat, nullptr, nullptr, comm("os_grad"));
   auto shard = spawn_parameter_shard(f.spec, std::move(f.flat), comm("os_param"));
   auto optimizer = spawn_optimizer_shard(f.spec, kernels, partitions, reducer, shard);
   f.set_gradients();

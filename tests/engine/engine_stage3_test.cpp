@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <string>
@@ -28,6 +29,9 @@ using namespace tessera::stage3_testing;
 struct Layout {
   int64_t partition = 0, persistent_padded = 0, units_gathered = 0;  // elements
   int64_t persistent = 0, units = 0;                                 // persistent elements, units
+  int64_t staging_bytes = 0;  // the gradient staging ring (unit_grad_staging.h): 2 slots of the largest
+                              // chunk (here a whole segment: all are below the chunk size) and its
+                              // piece, the piece on a 64-byte boundary
 };
 
 Layout expected_layout(torch::nn::Module& m, int64_t threshold) {
@@ -49,6 +53,10 @@ Layout expected_layout(torch::nn::Module& m, int64_t threshold) {
   l.partition = l.persistent_padded / kWorld;
   for (const auto& u : order) l.partition += padded(unit_numel[u]) / kWorld, l.units_gathered += padded(unit_numel[u]);
   l.units = int64_t(order.size());
+  auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  int64_t largest = l.persistent_padded;
+  for (const auto& u : order) largest = std::max(largest, padded(unit_numel[u]));
+  l.staging_bytes = 2 * (aligned(4 * largest) + 4 * largest / kWorld);
   return l;
 }
 
@@ -121,7 +129,7 @@ TEST_CASE("Stage 3 holds 1/W of the units plus the persistent copy; released uni
     expect_released(*e, 100, true);
     const auto after = e->memory();
     CHECK(after.parameters == 4 * between);
-    CHECK(after.gradients == 4 * layout.partition);
+    CHECK(after.gradients == 4 * layout.partition + layout.staging_bytes);
     CHECK(after.master == 0);  // fp32: the master is the weights' partition
     CHECK(after.optimizer_states == 2 * 4 * layout.partition);
     // Stage 2 holds the whole padded group and releases nothing (the control for the nbytes checks).

@@ -128,6 +128,7 @@ class RemoteExecutor {
   static constexpr int64_t kStagingChunkBytes = int64_t{256} << 10;
 
  private:
+  struct Call;  // one execute() call, by phase (remote_executor.cpp)
   UcxPeers& peers_;
   std::string session_;
   RemoteExecutorOptions options_;

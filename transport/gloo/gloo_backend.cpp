@@ -16,10 +16,13 @@
 #include <gloo/rendezvous/context.h>
 
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
+#include <mutex>
 
 #include "core/error.h"
 #include "transport/detail/backend.h"
@@ -301,8 +304,20 @@ class GlooBackend : public Backend {
 
 }  // namespace
 
+// Gloo writes to its peers with writev, which raises SIGPIPE once a peer is gone: the rank would
+// die of the signal instead of reporting PeerLostError (transport.collectives.peer_lost, now and
+// then under load). Ignored unless the program installed a handler of its own.
+static void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+  });
+}
+
 std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, int rank, int size,
                                            const CommunicatorOptions& options) {
+  ignore_sigpipe_once();
   try {
     return std::make_unique<GlooBackend>(std::move(store), rank, size, options);
   } catch (const Error&) {
