@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/launch_env.h"
 #include "transport/store.h"
 
 namespace tessera::actors {
@@ -32,14 +33,11 @@ std::shared_ptr<transport::Store> job_store() {
 
 std::shared_ptr<transport::Store> own_job_store_connection() {
   const auto first = job_store();
-  auto env = [](const char* name, const char* fallback) {
-    const char* v = std::getenv(name);
-    return std::string(v && *v ? v : fallback);
-  };
+  const auto env = LaunchEnv::from_env();
   transport::TcpStoreOptions tcp;
-  tcp.host = env("MASTER_ADDR", "127.0.0.1");
-  tcp.port = std::stoi(env("MASTER_PORT", "29500"));  // job_store() has checked it
-  tcp.secret = env("TESSERA_STORE_SECRET", "");
+  tcp.host = env.master_addr;
+  tcp.port = env.master_port;
+  tcp.secret = env.store_secret;
   tcp.is_server = false;
   transport::StoreOptions options;
   options.job = first->job();

@@ -1,7 +1,7 @@
 // EngineSpec: the immutable facts every actor of one training engine needs: the sharding plan,
 // dtypes, flags, this rank's place, the device and the timeout. Made once by initialize() and
 // shared by handle; it holds sizes, flags and the (immutable) plan only, never a tensor anybody
-// writes: every buffer has one owning actor (DESIGN.md §2, ownership rule).
+// writes: every buffer has one owning actor (docs/DESIGN.md §7.1, ownership rule).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -24,15 +24,16 @@ struct EngineSpec {
   bool overlap_comm = false;          // stages 0/1: reduce buckets as they fill during backward
   int rank = 0;                       // in the data-parallel group
   int world = 1;                      // data-parallel size
-  std::chrono::milliseconds timeout{300000};  // of every collective and every actor request
+  // The rest is set by initialize() from EngineSettings (the config's values; no default here).
+  std::chrono::milliseconds timeout{0};  // of every collective and every actor request
   // ZeRO-3: elements gathered ahead of demand at most (stage3_prefetch_bucket_size; 0: no
   // prefetch), and gathered at once at most (stage3_max_live_parameters; the unit a fetch asks
   // for is gathered whatever its size).
-  int64_t prefetch_elements = 50'000'000;
-  int64_t max_live_elements = 1'000'000'000;
+  int64_t prefetch_elements = 0;
+  int64_t max_live_elements = 0;
   // ZeRO-3: a unit whose next use in the recorded order comes within this many elements of other
   // units' gathers stays gathered after a use (stage3_max_reuse_distance; 0: always released).
-  int64_t max_reuse_elements = 1'000'000'000;
+  int64_t max_reuse_elements = 0;
   // ZeRO-3 without an optimizer (ZeRO inference): no updates end a window; each Engine::forward
   // is one (the first is recorded, later ones prefetch along it).
   bool forward_windows = false;
@@ -42,6 +43,7 @@ struct EngineSpec {
 
   int64_t owned_partition() const { return plan->owned_partition(rank); }
   bool partitioned_gradients() const { return plan->partitioned_gradients(); }
+  zero::GradientMode gradient_mode() const { return plan->gradient_mode(); }
   // The dtype gradients accumulate in across micro-steps.
   at::ScalarType accumulation_dtype() const { return fp32_grad_accumulation ? at::kFloat : dtype; }
   // The dtype flat group g's gradients are reduced in: bf16 for torch_autocast's lower-precision

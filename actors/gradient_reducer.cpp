@@ -51,7 +51,8 @@ struct ReducerState {
   bool polling = false;
 
   const zero::ShardingPlan& plan() const { return *spec->plan; }
-  bool stage3() const { return plan().stage() == 3; }
+  zero::GradientMode mode() const { return plan().gradient_mode(); }
+  bool staged() const { return plan().staged_gradients(); }  // no flat buffer: each rank keeps its partition
 
   // ZeRO-3: a staged chunk reduce-scattered (averaged) into its piece, which is added into the
   // partition; then the slot goes back.
@@ -111,7 +112,7 @@ struct ReducerState {
     const size_t g = size_t(bucket.group);
     transport::ReduceOptions average;
     average.op = transport::ReduceOp::avg;
-    if (spec->partitioned_gradients()) {
+    if (mode() == zero::GradientMode::reduce_to_owner) {
       StagedBucket staged = std::move(arrived.at(k));
       arrived.erase(k);
       std::function<void()> finish;
@@ -153,7 +154,8 @@ struct ReducerState {
     if (!active) return;
     const size_t n = plan().buckets().buckets.size();
     while (next < n) {
-      const bool can = spec->partitioned_gradients() ? arrived.count(next) > 0 : (everything || missing[next] == 0);
+      const bool can = mode() == zero::GradientMode::reduce_to_owner ? arrived.count(next) > 0
+                                                                     : (everything || missing[next] == 0);
       if (!can) break;
       try {
         issue(next);
@@ -194,7 +196,7 @@ struct ReducerState {
       if (accum[g].defined()) accum[g].zero_();
       if (reduced[g].defined()) reduced[g].zero_();
     }
-    if (spec->partitioned_gradients() || stage3())
+    if (staged())
       for (auto& p : parameters) p.mutable_grad() = at::Tensor();
   }
 
@@ -242,7 +244,7 @@ struct ReducerState {
     if (spec->dtype == at::kFloat) {
       if (request.max_grad_norm > 0) {
         // Every rank holds every averaged gradient at stages 0/1: LibTorch's own function, bitwise.
-        out.grad_norm = !spec->partitioned_gradients() && !stage3()
+        out.grad_norm = mode() == zero::GradientMode::all_reduce
                             ? torch::nn::utils::clip_grad_norm_(parameters, request.max_grad_norm)
                             : clip_partitions(out.partitions, request.max_grad_norm);
       }
@@ -276,7 +278,7 @@ struct ReducerState {
       if (flat[g]) n += bytes(flat[g]->buffer());
       n += bytes(accum[g]) + bytes(mirror[g]) + bytes(reduced[g]) + bytes(fp32[g]);
     }
-    if (staging || stage3()) {
+    if (staged()) {
       if (staging) n += staging->bytes();
       if (unit_staging) n += unit_staging->bytes();
       for (const auto& p : parameters) n += bytes(p.grad());  // deferred or no_sync-accumulated
@@ -294,7 +296,7 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
     auto& s = self->state;
     // Only staging slots need to come back promptly (stages 0/1 finish at `finish`).
     // (ZeRO-3: finished reductions free their staged buffers.)
-    if (s.polling || s.issued.empty() || (!s.staging && !s.stage3())) return;
+    if (s.polling || s.issued.empty() || !s.staged()) return;
     s.polling = true;
     self->delayed_send(self, std::chrono::milliseconds(1), poll_atom::value);
   };
@@ -398,7 +400,7 @@ gradient_reducer_actor spawn_gradient_reducer(std::shared_ptr<const EngineSpec> 
   const auto options = at::TensorOptions().device(spec->device);
   for (size_t g = 0; g < plan.groups().size(); ++g) {
     const auto& layout = plan.groups()[g].layout;
-    const bool partitioned = spec->partitioned_gradients() || plan.stage() == 3;
+    const bool partitioned = plan.staged_gradients();
     s->flat.push_back(partitioned ? nullptr : std::make_unique<zero::FlatGradients>(*flat[g]));
     const bool accum = !partitioned && spec->fp32_grad_accumulation;
     s->accum.push_back(accum ? at::zeros({layout.padded_numel}, options.dtype(at::kFloat)) : at::Tensor());

@@ -1,6 +1,6 @@
 // The gradient-reducer actor owns the gradients of this rank and is the only issuer on the
 // gradient communicator: bucket reductions in the plan's fixed order while backward goes on, and
-// at step time the clipping norm and the fp16 overflow flag (DESIGN.md §2: one issuer per
+// at step time the clipping norm and the fp16 overflow flag (docs/DESIGN.md §7.2, §7.3: one issuer per
 // communicator, program order).
 //
 // What it owns, per flat group:

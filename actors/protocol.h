@@ -42,11 +42,7 @@
 //   <- states -> OptimizerStates         masters and states (storage maps, memory; between steps)
 //   <- refresh(RefreshRequest) -> Done  the fp32 masters := the parameters' partitions over
 //                                        those ranges (after a write-back)
-// rollout-sink (owns the weight sync's link: UCX registration of the rollout's weights, the plans)
-//   <- sync -> SyncReport        one sync (in place: the live weights; double-buffered: the standby)
-//   <- listen                    receive syncs one after another (it sends itself `listen` again)
-//                                until the sink's stop flag is set
-//   <- stop -> Done              answered once no sync is under way (after the stop flag is set)
+// The rollout-sink's messages are in actors/rollout/sink_protocol.h, above this layer.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -58,7 +54,6 @@
 #include <string>
 #include <vector>
 
-#include "actors/rollout/weight_sync.h"
 #include "core/optim/optimizer_kernel.h"
 
 namespace tessera::actors {
@@ -78,9 +73,6 @@ using gather_atom = caf::atom_constant<caf::atom("gather")>;
 using buffers_atom = caf::atom_constant<caf::atom("buffers")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using states_atom = caf::atom_constant<caf::atom("states")>;
-using sync_atom = caf::atom_constant<caf::atom("sync")>;
-using listen_atom = caf::atom_constant<caf::atom("listen")>;
-using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;
 using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
@@ -241,11 +233,6 @@ struct ReducerMemory {
   int64_t scratch = 0;
 };
 
-struct SyncReport {
-  WeightSyncStats stats;
-  std::exception_ptr error;
-};
-
 using gradient_reducer_actor = caf::typed_actor<
     caf::reacts_to<begin_atom>, caf::reacts_to<ready_atom, int64_t>, caf::reacts_to<bucket_atom, StagedBucket>,
     caf::reacts_to<chunk_atom, StagedChunk>,
@@ -259,9 +246,6 @@ using parameter_shard_actor =
                      caf::reacts_to<release_atom, ReleaseRequest>, caf::reacts_to<window_atom, WindowEdge>,
                      caf::replies_to<writeback_atom, WritebackRequest>::with<Done>>;
 
-using rollout_sink_actor = caf::typed_actor<caf::replies_to<sync_atom>::with<SyncReport>, caf::reacts_to<listen_atom>,
-                                            caf::replies_to<stop_atom>::with<Done>>;
-
 using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<StepReport>,
                                                caf::replies_to<states_atom>::with<OptimizerStates>,
                                                caf::replies_to<refresh_atom, RefreshRequest>::with<Done>>;
@@ -269,7 +253,6 @@ using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRe
 }  // namespace tessera::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Done)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::SyncReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::ReducerMemory)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedBucket)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedChunk)

@@ -14,11 +14,12 @@ int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; 
 
 }  // namespace
 
-UnitGradStaging::UnitGradStaging(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters, int slots)
+UnitGradStaging::UnitGradStaging(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters, int slots,
+                                 int64_t chunk_elements)
     : spec_(std::move(spec)), parameters_(std::move(parameters)) {
   const auto& plan = *spec_->plan;
   const int64_t world = plan.world();
-  const int64_t run = std::max<int64_t>(1, zero::kMaxStagedBucketElements / world);  // per rank, per chunk
+  const int64_t run = std::max<int64_t>(1, chunk_elements / world);  // per rank, per chunk
   item_of_.assign(parameters_.size(), -1);
   auto add = [&](std::vector<int64_t> segments) {
     int64_t n = 0;

@@ -40,7 +40,9 @@ namespace tessera::actors {
 
 class UnitGradStaging {
  public:
-  UnitGradStaging(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters, int slots = 2);
+  // `chunk_elements`: a chunk's elements over all ranks at most (tests make it small).
+  UnitGradStaging(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters, int slots = 2,
+                  int64_t chunk_elements = zero::kMaxStagedBucketElements);
   void connect(gradient_reducer_actor reducer) { reducer_ = std::move(reducer); }
 
   void start();              // a reducing backward begins

@@ -5,7 +5,7 @@
 // flat (1-D, contiguous) CPU tensors for Gloo, CUDA tensors for NCCL, and returns a Work handle
 // right away; the data moves on the communicator's own thread.
 //
-// Cross-rank contract (DESIGN.md §2): every member must issue the same operations on a
+// Cross-rank contract (docs/DESIGN.md §7.2, §7.3): every member must issue the same operations on a
 // communicator in the same order, with matching sizes and dtypes. Each communicator owns ONE
 // sequencer: calls from any thread or actor get the next sequence number when they are issued,
 // and run strictly in that order. A rank that has been waiting in operation #n for a while

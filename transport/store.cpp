@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/launch_env.h"
 #include "transport/detail/c10d_store.h"
 #include "transport/rendezvous/store_client.h"
 #include "transport/rendezvous/store_server.h"
@@ -14,10 +15,6 @@
 namespace tessera::transport {
 namespace {
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
 
 bool looks_like_timeout(const std::string& what) {
   return what.find("imeout") != std::string::npos || what.find("timed out") != std::string::npos;
@@ -68,18 +65,13 @@ std::shared_ptr<Store> Store::file(const std::string& path, const StoreOptions& 
 std::shared_ptr<Store> Store::from_env(const StoreOptions& defaults) {
   start_heartbeat();  // a launched rank beats from the moment it joins its job
   StoreOptions options = defaults;
-  options.job = env_or("TESSERA_JOB", defaults.job);
+  const auto env = LaunchEnv::from_env();
+  if (env.job_given) options.job = env.job;  // else the caller's default
   TcpStoreOptions tcp;
-  tcp.host = env_or("MASTER_ADDR", "127.0.0.1");
-  std::string port = env_or("MASTER_PORT", "29500");
-  try {
-    tcp.port = std::stoi(port);
-  } catch (const std::exception&) {
-    throw TransportError("store: MASTER_PORT='" + port + "' is not a port number");
-  }
-  tcp.secret = env_or("TESSERA_STORE_SECRET", "");
-  std::string server = env_or("TESSERA_STORE_SERVER", "");
-  tcp.is_server = server.empty() ? env_or("RANK", "0") == "0" : server == "1";
+  tcp.host = env.master_addr;
+  tcp.port = env.master_port;
+  tcp.secret = env.store_secret;
+  tcp.is_server = env.hosts_store;
   return Store::tcp(tcp, options);
 }
 

@@ -78,6 +78,94 @@ std::pair<std::shared_ptr<transport::Communicator>, std::shared_ptr<transport::C
   return {grad, param};
 }
 
+// The parameters the engine takes, in named_parameters order: those that require grad (every one
+// for ZeRO inference). A tensor registered by two modules (tied weights) is one parameter, under
+// its first name (as Python's Module.parameters() gives it once).
+std::vector<std::pair<std::string, at::Tensor>> trainable_parameters(torch::nn::Module& model, bool inference) {
+  std::vector<std::pair<std::string, at::Tensor>> trainable;
+  std::set<const c10::TensorImpl*> seen;
+  for (auto& item : model.named_parameters())
+    if ((inference || item.value().requires_grad()) && seen.insert(item.value().unsafeGetTensorImpl()).second)
+      trainable.emplace_back(item.key(), item.value());
+  if (trainable.empty())
+    throw Error(inference ? "initialize: the model has no parameters" : "initialize: the model has no parameter that requires grad");
+  return trainable;
+}
+
+// Refuses, naming the parameter, what the engine cannot take: a chunk cut for another stage or
+// rank, a parameter a ZeRO-3 engine released, another dtype, another device.
+void check_parameters(const std::vector<std::pair<std::string, at::Tensor>>& trainable,
+                      const actors::EngineSettings& settings, at::ScalarType dtype, int rank, int size) {
+  const auto device = trainable.front().second.device();
+  for (const auto& [name, p] : trainable) {
+    // A parameter cut by partitioned construction is this rank's chunk (stage 3 only, same world).
+    if (const auto chunk = zero::constructed_chunk(p)) {
+      if (settings.stage != 3)
+        throw ConfigError("initialize: parameter '" + name + "' was cut by partitioned construction "
+                          "(PartitionedConstruction), which only ZeRO stage 3 takes (zero_optimization.stage is " +
+                          std::to_string(settings.stage) + ")");
+      if (chunk->world != size || chunk->rank != rank)
+        throw Error("initialize: parameter '" + name + "' was cut for rank " + std::to_string(chunk->rank) + " of " +
+                    std::to_string(chunk->world) + ", but this is rank " + std::to_string(rank) + " of " + std::to_string(size));
+      continue;
+    }
+    // A parameter a ZeRO-3 engine released has its shape but no memory (and would crash a copy).
+    if (p.numel() > 0 && (!p.has_storage() || p.storage().data() == nullptr))
+      throw Error("initialize: parameter '" + name + "' has no memory: a ZeRO-3 engine released it (is the model still "
+                  "held by another engine, or was its engine destroyed?). Build the model anew, or read it inside the "
+                  "other engine's gathered_parameters()");
+    if (p.scalar_type() != at::kFloat && p.scalar_type() != dtype)
+      throw Error("initialize: parameter '" + name + "' is " + std::string(c10::toString(p.scalar_type())) +
+                  "; the engine takes fp32 (or " + c10::toString(dtype) + ") parameters and converts them");
+    if (p.device() != device || !(device.is_cpu() || device.is_cuda()))
+      throw Error("initialize: parameter '" + name + "' is on " + p.device().str() + " but '" + trainable.front().first +
+                  "' on " + device.str() + "; the engine takes the parameters of one CPU or CUDA device");
+  }
+}
+
+// The facts every actor of the engine shares, from the settings (the config's values) and the plan.
+std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& settings,
+                                                std::shared_ptr<const zero::ShardingPlan> plan, at::ScalarType dtype,
+                                                c10::Device device, int rank, int size, bool inference) {
+  auto spec = std::make_shared<actors::EngineSpec>();
+  spec->plan = std::move(plan);
+  spec->dtype = dtype;
+  spec->device = device;
+  spec->fp16 = settings.precision == actors::Precision::fp16;
+  spec->fp32_master = settings.fp32_master;
+  spec->fp32_grad_accumulation = settings.fp32_grad_accumulation;
+  spec->overlap_comm = settings.overlap_comm;
+  spec->rank = rank;
+  spec->world = size;
+  spec->timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
+  spec->prefetch_elements = settings.prefetch_elements;
+  spec->max_live_elements = settings.max_live_elements;
+  spec->max_reuse_elements = settings.max_reuse_elements;
+  spec->forward_windows = inference;
+  spec->autocast_gathers = settings.stage == 3 && settings.autocast;
+  return spec;
+}
+
+// ZeRO-3's storage: the parameters become views of unit storages and this rank keeps its pieces.
+// Parameters cut at construction get their values from every rank's chunks, gathered one at a
+// time on the parameter communicator (the user's thread: the parameter-shard does not exist yet).
+std::unique_ptr<zero::Stage3Parameters> stage3_storage(const zero::ShardingPlan& plan, int rank, int size,
+                                                       const std::vector<at::Tensor>& parameters, at::ScalarType dtype,
+                                                       const std::shared_ptr<transport::Communicator>& param_comm) {
+  zero::Stage3Parameters::Fill gather_chunks = [&](int64_t i, const at::Tensor& view) {
+    const auto chunk = zero::constructed_chunk(parameters[size_t(i)]);
+    if (!chunk) return false;
+    auto whole = at::empty({chunk->chunk.numel() * size}, chunk->chunk.options());
+    if (param_comm) param_comm->all_gather(chunk->chunk, whole)->wait();
+    else whole.copy_(chunk->chunk);
+    view.reshape({-1}).copy_(whole.narrow(0, 0, chunk->numel));
+    return true;
+  };
+  auto storage = std::make_unique<zero::Stage3Parameters>(plan, rank, parameters, dtype, gather_chunks);
+  for (const auto& p : parameters) zero::forget_constructed(p);
+  return storage;
+}
+
 }  // namespace
 
 Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::Config& config,
@@ -105,43 +193,12 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
                       std::to_string(settings.stage) + ")");
   if (inference && settings.has_scheduler)
     throw ConfigError("scheduler: a ZeRO inference engine (no optimizer) has no learning rate to schedule");
-  // Inference: every parameter. A tensor registered by two modules (tied weights) is one
-  // parameter, under its first name (as Python's Module.parameters() gives it once).
-  std::vector<std::pair<std::string, at::Tensor>> trainable;
-  std::set<const c10::TensorImpl*> seen;
-  for (auto& item : model->named_parameters())
-    if ((inference || item.value().requires_grad()) && seen.insert(item.value().unsafeGetTensorImpl()).second)
-      trainable.emplace_back(item.key(), item.value());
-  if (trainable.empty())
-    throw Error(inference ? "initialize: the model has no parameters" : "initialize: the model has no parameter that requires grad");
+  auto trainable = trainable_parameters(*model, inference);
   const at::ScalarType dtype = settings.precision == actors::Precision::bf16   ? at::kBFloat16
                                : settings.precision == actors::Precision::fp16 ? at::kHalf
                                                                                : at::kFloat;
   const auto device = trainable.front().second.device();
-  for (const auto& [name, p] : trainable) {
-    // A parameter cut by partitioned construction is this rank's chunk (stage 3 only, same world).
-    if (const auto chunk = zero::constructed_chunk(p)) {
-      if (settings.stage != 3)
-        throw ConfigError("initialize: parameter '" + name + "' was cut by partitioned construction "
-                          "(PartitionedConstruction), which only ZeRO stage 3 takes (zero_optimization.stage is " +
-                          std::to_string(settings.stage) + ")");
-      if (chunk->world != size || chunk->rank != rank)
-        throw Error("initialize: parameter '" + name + "' was cut for rank " + std::to_string(chunk->rank) + " of " +
-                    std::to_string(chunk->world) + ", but this is rank " + std::to_string(rank) + " of " + std::to_string(size));
-      continue;
-    }
-    // A parameter a ZeRO-3 engine released has its shape but no memory (and would crash a copy).
-    if (p.numel() > 0 && (!p.has_storage() || p.storage().data() == nullptr))
-      throw Error("initialize: parameter '" + name + "' has no memory: a ZeRO-3 engine released it (is the model still "
-                  "held by another engine, or was its engine destroyed?). Build the model anew, or read it inside the "
-                  "other engine's gathered_parameters()");
-    if (p.scalar_type() != at::kFloat && p.scalar_type() != dtype)
-      throw Error("initialize: parameter '" + name + "' is " + std::string(c10::toString(p.scalar_type())) +
-                  "; the engine takes fp32 (or " + c10::toString(dtype) + ") parameters and converts them");
-    if (p.device() != device || !(device.is_cpu() || device.is_cuda()))
-      throw Error("initialize: parameter '" + name + "' is on " + p.device().str() + " but '" + trainable.front().first +
-                  "' on " + device.str() + "; the engine takes the parameters of one CPU or CUDA device");
-  }
+  check_parameters(trainable, settings, dtype, rank, size);
   std::vector<actors::ResolvedGroup> groups;
   if (inference) {
     groups.resize(1);
@@ -196,22 +253,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       data_parallel_comms(world, rank, size, settings, device.is_cuda(), device.is_cuda() ? device.index() : -1);
 
   // 3. Flat buffers, actors, hooks.
-  auto spec = std::make_shared<actors::EngineSpec>();
-  spec->plan = plan;
-  spec->dtype = dtype;
-  spec->device = device;
-  spec->fp16 = settings.precision == actors::Precision::fp16;
-  spec->fp32_master = settings.fp32_master;
-  spec->fp32_grad_accumulation = settings.fp32_grad_accumulation;
-  spec->overlap_comm = settings.overlap_comm;
-  spec->rank = rank;
-  spec->world = size;
-  spec->timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
-  spec->prefetch_elements = settings.prefetch_elements;
-  spec->max_live_elements = settings.max_live_elements;
-  spec->max_reuse_elements = settings.max_reuse_elements;
-  spec->forward_windows = inference;
-  spec->autocast_gathers = stage3 && settings.autocast;
+  auto spec = engine_spec(settings, plan, dtype, device, rank, size, inference);
   if (!groups.empty() && groups.front().client_step) actors::detach_client_parameters(*options.optimizer);
   std::vector<std::unique_ptr<zero::FlatParameters>> flat;
   std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels;
@@ -219,18 +261,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   for (const auto& [name, p] : trainable) parameters.push_back(p);
   std::unique_ptr<zero::Stage3Parameters> stage3_parameters;
   if (stage3) {
-    // Parameters cut at construction: their values are every rank's chunks, gathered one at a time.
-    zero::Stage3Parameters::Fill gather_chunks = [&](int64_t i, const at::Tensor& view) {
-      const auto chunk = zero::constructed_chunk(parameters[size_t(i)]);
-      if (!chunk) return false;
-      auto whole = at::empty({chunk->chunk.numel() * size}, chunk->chunk.options());
-      if (param_comm) param_comm->all_gather(chunk->chunk, whole)->wait();
-      else whole.copy_(chunk->chunk);
-      view.reshape({-1}).copy_(whole.narrow(0, 0, chunk->numel));
-      return true;
-    };
-    stage3_parameters = std::make_unique<zero::Stage3Parameters>(*plan, rank, parameters, dtype, gather_chunks);
-    for (const auto& p : parameters) zero::forget_constructed(p);
+    stage3_parameters = stage3_storage(*plan, rank, size, parameters, dtype, param_comm);
     for (size_t g = 0; g < plan->groups().size(); ++g) {
       partitions.push_back(stage3_parameters->partition(int64_t(g)));
       if (!inference) kernels.push_back(group_kernels[size_t(plan->groups()[g].param_group)]);
@@ -255,14 +286,15 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   impl->names = names;
   // ZeRO-3 reduces every micro-step (into the partition, as stage 2 does), even on one rank.
   impl->micro = std::make_unique<actors::MicroSteps>(settings.gradient_accumulation_steps,
-                                                     plan->partitioned_gradients() || stage3, size > 1 || stage3);
-  if (plan->partitioned_gradients()) impl->staging = std::make_shared<actors::BucketStaging>(spec, parameters);
+                                                     plan->staged_gradients(), size > 1 || stage3);
+  if (plan->gradient_mode() == zero::GradientMode::reduce_to_owner)
+    impl->staging = std::make_shared<actors::BucketStaging>(spec, parameters);
   impl->inference = inference;
   impl->sequential_units = std::move(sequential_units);
   if (stage3 && !inference) impl->unit_staging = std::make_shared<actors::UnitGradStaging>(spec, parameters);
   if (!inference)
     impl->reducer = actors::spawn_gradient_reducer(spec, parameters, flat, impl->staging, impl->unit_staging, grad_comm);
-  if (!plan->partitioned_gradients() && !stage3)
+  if (plan->gradient_mode() == zero::GradientMode::all_reduce)
     for (const auto& p : parameters) impl->grad_views.emplace_back(p, p.grad().data_ptr());
   impl->parameter_shard = stage3 ? actors::spawn_stage3_parameter_shard(spec, std::move(stage3_parameters), param_comm)
                                  : actors::spawn_parameter_shard(spec, std::move(flat), param_comm);
@@ -274,28 +306,9 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
     impl->optimizer_shard =
         actors::spawn_optimizer_shard(spec, std::move(kernels), partitions, impl->reducer, impl->parameter_shard);
   auto* raw = impl.get();
-  if (!inference) impl->hooks = std::make_unique<zero::GradReadyHooks>(
-      parameters,
-      [raw](int64_t i) {
-        bool reduces = false;
-        if (raw->micro->arm_from_hook(reduces) && reduces) raw->start_reduction();
-        if (raw->stage3) return raw->stage3->grad_ready(i, raw->micro->reducing());
-        if (!raw->micro->reducing()) return;
-        if (raw->staging) raw->staging->take(i);  // before the reducer hears of it (bucket_staging.h)
-        else caf::anon_send(raw->reducer, actors::ready_atom::value, i);
-      },
-      [raw] {
-        if (raw->micro->reducing()) {
-          raw->end_reduction();
-        } else if (raw->spec->fp32_grad_accumulation && !raw->staging && !raw->stage3) {
-          // A backward that reduces nothing: its low-precision gradients go into the fp32
-          // accumulators now (a reducing backward's are folded bucket by bucket by the reducer).
-          actors::checked(actors::ask<actors::Done>(raw->reducer, raw->bound(), "gradient-reducer (fold)",
-                                                    actors::fold_atom::value));
-        }
-        if (raw->stage3) raw->stage3->backward_ended();
-        raw->micro->end_backward();
-      });
+  if (!inference)
+    impl->hooks = std::make_unique<zero::GradReadyHooks>(
+        parameters, [raw](int64_t i) { raw->on_grad_ready(i); }, [raw] { raw->on_backward_end(); });
   for (const auto& hp : impl->hyperparameters()) impl->last_lrs.push_back(hp.lr);
   if (rank == 0) {
     for (const auto& warning : resolved.warnings) log::warn("config: " + warning);
@@ -305,6 +318,33 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   out.optimizer = std::make_shared<EngineOptimizer>(out.engine);
   if (settings.has_scheduler) out.lr_scheduler = std::make_shared<EngineScheduler>(out.engine);
   return out;
+}
+
+void Engine::Impl::on_grad_ready(int64_t param) {
+  bool reduces = false;
+  if (micro->arm_from_hook(reduces) && reduces) start_reduction();
+  switch (spec->gradient_mode()) {
+    case zero::GradientMode::unit_reduce_scatter:
+      return stage3->grad_ready(param, micro->reducing());  // releases the unit too, reducing or not
+    case zero::GradientMode::reduce_to_owner:
+      if (micro->reducing()) staging->take(param);  // copied before the reducer hears of it (bucket_staging.h)
+      return;
+    case zero::GradientMode::all_reduce:
+      if (micro->reducing()) caf::anon_send(reducer, actors::ready_atom::value, param);
+      return;
+  }
+}
+
+void Engine::Impl::on_backward_end() {
+  if (micro->reducing()) {
+    end_reduction();
+  } else if (spec->fp32_grad_accumulation && spec->gradient_mode() == zero::GradientMode::all_reduce) {
+    // A backward that reduces nothing: its low-precision gradients go into the fp32 accumulators
+    // now (a reducing backward's are folded bucket by bucket by the reducer).
+    actors::checked(actors::ask<actors::Done>(reducer, bound(), "gradient-reducer (fold)", actors::fold_atom::value));
+  }
+  if (stage3) stage3->backward_ended();
+  micro->end_backward();
 }
 
 void Engine::backward(const at::Tensor& loss) {

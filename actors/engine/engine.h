@@ -1,5 +1,6 @@
 // The Engine is what users hold: tessera's counterpart of DeepSpeed's training engine, driving a
-// stock LibTorch module with ZeRO stages 0, 1 and 2 over a data-parallel group.
+// stock LibTorch module with ZeRO stages 0, 1, 2 and 3 (and, without an optimizer, ZeRO inference at
+// stage 3) over a data-parallel group (docs/DESIGN.md §4, §5).
 //
 //   auto [engine, optimizer, lr_scheduler] = tessera::initialize(model, config);  // every rank
 //   for (step...) { auto loss = engine->forward([&] { return ...model forward and loss...; });
@@ -32,7 +33,7 @@
 // accumulate across micro-steps in the model's dtype (DeepSpeed's default), or in an fp32
 // buffer that is reduced in fp32 with data_types.grad_accum_dtype = "fp32".
 // torch_autocast runs forward() under CPU autocast in bf16 (fp32 weights) and reduces the
-// gradients of lower_precision_safe_modules in bf16 (actors/autocast.h); at stage 3 it gathers
+// gradients of lower_precision_safe_modules in bf16 (actors/engine/autocast.h); at stage 3 it gathers
 // their units in bf16 for forwards under autocast (the values autocast's cast gives anyway).
 // Parameter groups (param_group.h) or a client torch::optim optimizer give per-group settings.
 // ZeRO-3 (stage 3): every module that owns parameters is a unit (core/zero/unit_layout.h), held

@@ -102,6 +102,12 @@ struct Engine::Impl {
   // gradients must still move from the units into the partition).
   bool reduces_gradients() const { return spec->world > 1 || stage3; }
   // A reduction starts: the reducer (and the staging) learn of it before any gradient arrives.
+  // The gradient-ready routing, the engine's hottest path (autograd's thread, GradReadyHooks): the
+  // first report of a backward may arm it; then, by the plan's gradient mode, the stage-3 driver,
+  // the stage-2 staging or the reducer hears of parameter `param`.
+  void on_grad_ready(int64_t param);
+  // The end of a backward that fired a hook (autograd's thread): flush, fold or release.
+  void on_backward_end();
   void start_reduction() {
     micro->start_reduction();
     if (!reduces_gradients()) return;

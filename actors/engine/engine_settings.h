@@ -21,6 +21,8 @@ namespace tessera::actors {
 
 enum class Precision { fp32, bf16, fp16 };
 
+// Derived from the Config by engine_settings(), which sets every field: a setting's default is the
+// config's (core/config/config.h), written once there, so the numbers below are zero, not defaults.
 struct EngineSettings {
   int64_t stage = 0;
   Precision precision = Precision::fp32;  // of the module's parameters and gradients
@@ -31,14 +33,14 @@ struct EngineSettings {
   optim::LossScalerOptions loss_scaler;   // fp16 only
   int64_t gradient_accumulation_steps = 1;
   double max_grad_norm = 0.0;                // 0 = no clipping
-  int64_t reduce_bucket_elements = 500'000'000;
-  int64_t sub_group_elements = 1'000'000'000;  // zero_optimization.sub_group_size: the optimizer's step unit
+  int64_t reduce_bucket_elements = 0;         // zero_optimization.reduce_bucket_size
+  int64_t sub_group_elements = 0;             // zero_optimization.sub_group_size: the optimizer's step unit
   bool overlap_comm = false;                  // zero_optimization.overlap_comm
   // ZeRO-3: parameters of at most this many elements stay gathered (stage3_param_persistence_threshold).
-  int64_t persistence_threshold = 100'000;
-  int64_t prefetch_elements = 50'000'000;       // stage3_prefetch_bucket_size
-  int64_t max_live_elements = 1'000'000'000;    // stage3_max_live_parameters
-  int64_t max_reuse_elements = 1'000'000'000;   // stage3_max_reuse_distance
+  int64_t persistence_threshold = 0;
+  int64_t prefetch_elements = 0;   // stage3_prefetch_bucket_size
+  int64_t max_live_elements = 0;   // stage3_max_live_parameters
+  int64_t max_reuse_elements = 0;  // stage3_max_reuse_distance
   std::optional<optim::OptimizerOptions> optimizer;  // the `optimizer` section, if any
   bool bf16_optimizer_states = false;         // bf16.bf16_optimizer_states (any optimizer)
   optim::ScheduleOptions schedule;            // Constant when the config has no scheduler; its
@@ -49,7 +51,7 @@ struct EngineSettings {
   // module types are reduced in bf16.
   bool autocast = false;
   std::vector<std::string> lower_precision_safe_modules;
-  int64_t collective_timeout_ms = 300'000;
+  int64_t collective_timeout_ms = 0;  // tessera.transport.collective_timeout_ms
 };
 
 // `config` must be resolved (no "auto" left). Throws ConfigError for missing or unsupported

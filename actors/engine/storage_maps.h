@@ -1,5 +1,5 @@
 // EngineStorage: affine maps of everything a training engine stores per data-parallel rank, with
-// this rank's buffers. It is what weight sync, resharding and checkpoints consume (DESIGN.md §3).
+// this rank's buffers. It is what weight sync, resharding and checkpoints consume (docs/DESIGN.md §8).
 //
 // Kinds (each a map per parameter, named by its dotted name; ranks are data-parallel ranks):
 //   "param"   the module's weights (fp32, bf16 or fp16): every rank holds every parameter (ZeRO 0-2)

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "actors/ask.h"
-#include "actors/protocol.h"
+#include "actors/rollout/sink_protocol.h"
 #include "actors/rollout/rollout_engine.h"
 #include "actors/rollout/sync_link.h"
 #include "actors/rollout/weight_sync.h"

@@ -43,10 +43,18 @@ std::string node_name() {
   return host;
 }
 
+WeightSyncOptions weight_sync_options(const config::Config& config, WeightSyncOptions options) {
+  const config::RolloutConfig& r = config.tessera.rollout;
+  options.replica_policy = r.replica_policy;
+  options.staging_bytes = r.staging_budget_bytes;
+  options.timeout = std::chrono::milliseconds(r.sync_timeout_ms);
+  return options;
+}
+
 SyncLink::SyncLink(const WeightSyncOptions& o, bool is_training, int my_rank, int my_size)
     : options(o), training(is_training), rank(my_rank), size(my_size) {
-  if (o.replica_policy != "balanced" && o.replica_policy != "lowest" && o.replica_policy != "local")
-    throw ConfigError("weight sync: replica_policy '" + o.replica_policy + "' is not one of lowest, local, balanced");
+  if (o.replica_policy == affine::ReplicaPolicyKind::callback)
+    throw ConfigError("weight sync: replica_policy callback needs code on both jobs; use lowest, local or balanced");
   if (o.train_job.empty() || o.rollout_job.empty() || o.train_job == o.rollout_job)
     throw ConfigError("weight sync: train_job and rollout_job must name the two jobs (got '" + o.train_job + "', '" +
                       o.rollout_job + "')");
@@ -73,7 +81,7 @@ void SyncLink::connect() {
 // side leaves while the other still needs it.
 void SyncLink::agree_on_config(const std::string& config_json) {
   const std::string role = training ? "train" : "rollout", peer_role = training ? "rollout" : "train";
-  const std::string own = config_json + "replica_policy: " + options.replica_policy + "\ndelta: " +
+  const std::string own = config_json + "replica_policy: " + affine::name_of(options.replica_policy) + "\ndelta: " +
                           (options.delta ? "on" : "off") + "\n";
   if (rank == 0) {
     shared->set(role + "_config", own);
@@ -110,9 +118,9 @@ double SyncLink::plan_once() {
   const auto t = std::chrono::steady_clock::now();
   plans.clear();
   affine::PlanOptions po;
-  if (options.replica_policy == "local") {
+  affine::Placement placement;  // the local policy's tables
+  if (options.replica_policy == affine::ReplicaPolicyKind::local) {
     // Processes: training ranks first, then rollout ranks; nodes by name.
-    affine::Placement placement;
     std::map<std::string, int> node_ids;
     auto node_id = [&](const std::string& name) { return node_ids.emplace(name, int(node_ids.size())).first->second; };
     for (int r = 0; r < train_size(); ++r) {
@@ -123,10 +131,8 @@ double SyncLink::plan_once() {
       placement.target_process[r] = train_size() + r;
       placement.process_node[train_size() + r] = node_id(rollout_nodes[size_t(r)]);
     }
-    po.policy = affine::ReplicaPolicy::local(placement);
-  } else {
-    po.policy = affine::parse_replica_policy(options.replica_policy);
   }
+  po.policy = affine::ReplicaPolicy::of(options.replica_policy, std::move(placement));
   for (size_t i = 0; i < targets.size(); ++i) plans.push_back(affine::plan(targets[i], sources[i], po));
   planned = true;
   return ms_since(t);

@@ -32,6 +32,9 @@
 // (the hashes cover every element, not only the changed ones). The training side keeps a copy of
 // the last synced bits of the buffers it sends (reported as delta_base_bytes); a delta larger than
 // the staging budget is sent as a full sync instead.
+// Configuration: a tessera config file's [tessera.rollout] section (core/config/config.h's
+// RolloutConfig) sets three of the options through weight_sync_options(config) below; the others are
+// the program's. The defaults of those three are RolloutConfig's, written there once.
 // Dtypes: the wire carries the rollout's dtype; when the training weights differ (fp32 training,
 // bf16 rollout: the common case) the sender casts each flat weight buffer with LibTorch's .to()
 // into a copy it keeps (half the weights' bytes for bf16, reported as cast_mirror_bytes).
@@ -45,6 +48,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "core/affine/replica_policy.h"
+#include "core/config/config.h"
 
 namespace tessera {
 
@@ -60,19 +66,20 @@ struct WeightSyncOptions {
   std::string train_job;    // TESSERA_JOB of each job
   std::string rollout_job;
   std::string session = "weights";  // several senders/sinks may coexist under other names
-  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
-  int64_t staging_bytes = int64_t{64} << 20;  // in flight per process per round
+  // From [tessera.rollout] (weight_sync_options): timeout <- sync_timeout_ms, staging_bytes <-
+  // staging_budget_bytes, replica_policy <- replica_policy; defaults: RolloutConfig's.
+  std::chrono::milliseconds timeout{config::RolloutConfig{}.sync_timeout_ms};  // each wait of a sync
+  int64_t staging_bytes = config::RolloutConfig{}.staging_budget_bytes;  // in flight per process per round
   // A training rank putting more than this per sync into a rollout's memory mapped on its machine
   // writes it with streaming stores (transport/affine/streaming_copy.h); 0: always.
   int64_t streaming_copy_bytes = int64_t{32} << 20;
-  // Which training rank sends a weight every rank holds (ZeRO 0-2): "lowest" sends everything
-  // from rank 0, "balanced" spreads the bytes over the training ranks (for ranks with their own
-  // cores and links; on 2 shared cores bench/sync's 327 MB sync took 51-64 ms balanced against
-  // 46-56 ms lowest, with streaming copies and the source hashed during the transfer),
-  // "local" reads from a holder on the rollout rank's node when there is one (nodes named by
-  // TESSERA_NODE_NAME, else the host name), the least loaded of them.
-  // Both jobs must agree (part of the handshake).
-  std::string replica_policy = "lowest";
+  // Which training rank sends a weight every rank holds (ZeRO 0-2; core/affine/replica_policy.h):
+  // lowest sends everything from rank 0, balanced spreads the bytes over the training ranks (for
+  // ranks with their own cores and links; the default and why: affine::kDefaultReplicaPolicy),
+  // local reads from a holder on the rollout rank's node when there is one (nodes named by
+  // TESSERA_NODE_NAME, else the host name), the least loaded of them. callback is refused (it needs
+  // code on both jobs). Both jobs must agree (part of the handshake, by name).
+  affine::ReplicaPolicyKind replica_policy = config::RolloutConfig{}.replica_policy;
   bool delta = false;  // both jobs must agree (part of the handshake)
   SinkMode mode = SinkMode::in_place;  // the sink's; the sender ignores it
   // Tests only (the sink): called on each received local tensor after the transfer and before
@@ -87,6 +94,12 @@ struct WeightSyncOptions {
   // Tests only (the sender): the same, after the transfer batch (every byte put) and before the hashes.
   std::function<void(uint64_t sync)> after_transfer_for_testing;
 };
+
+// `options` with the fields [tessera.rollout] sets taken from `config` (validated by its loading):
+// replica_policy, staging_bytes (staging_budget_bytes) and timeout (sync_timeout_ms). A file
+// without the section gives RolloutConfig's defaults, the same as a default WeightSyncOptions.
+// max_rounds_in_flight is not read (the sync has no such setting yet).
+WeightSyncOptions weight_sync_options(const config::Config& config, WeightSyncOptions options = {});
 
 struct WeightSyncStats {
   uint64_t version = 0;         // the rollout weight version this sync produced

@@ -116,8 +116,9 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", vocab);
   app.add_option("--repeats", repeats);
   app.add_option("--stage", stage);
-  std::string replica_policy = "lowest";
-  app.add_option("--replica-policy", replica_policy, "lowest: training rank 0 sends every weight; balanced: all do");
+  std::string replica_policy = tessera::affine::name_of(tessera::WeightSyncOptions{}.replica_policy);
+  app.add_option("--replica-policy", replica_policy, "lowest: training rank 0 sends every weight; balanced: all do")
+      ->capture_default_str();
   double delta_fraction = 0.02;
   app.add_option("--delta-fraction", delta_fraction,
                  "delta phase: fraction of each weight's elements changed between syncs (bf16 rollout; 0: skip)");
@@ -129,8 +130,8 @@ int main(int argc, char** argv) {
   so.train_job = training ? env.job : peer;
   so.rollout_job = training ? peer : env.job;
   so.session = "bench";
-  so.replica_policy = replica_policy;
   try {
+    so.replica_policy = tessera::affine::replica_policy_kind(replica_policy);
     // The UCX directory of the broadcast baseline (2.), connected first: the memcpy baseline needs
     // the rollout job's size.
     tessera::transport::UcxContext context({});
@@ -165,7 +166,7 @@ int main(int argc, char** argv) {
       for (const auto& m : storage.maps)
         if (m.kind == "param") sources[m.map.name] = &m;
       tessera::affine::PlanOptions po;
-      po.policy = tessera::affine::parse_replica_policy(so.replica_policy);
+      po.policy = tessera::affine::parse_replica_policy(replica_policy);  // lowest or balanced (local: no tables here)
       std::vector<tessera::affine::Plan> mine;  // the plans, cut to the segments this rank sources
       std::vector<tessera::affine::TensorMap> targets;
       for (const auto& [name, shape] : tessera::nn::decoder_parameter_shapes(config)) {
@@ -312,7 +313,7 @@ int main(int argc, char** argv) {
                   "\"bytes\":%lld,\"ms\":%.2f,\"transfer_ms\":%.2f,\"transfer_ms_min\":%.2f,\"transfer_ms_max\":%.2f,\"transfer_ms_each\":%s,\"verify_ms\":%.2f,\"wire_to_useful\":%.3f,"
                   "\"plan_ms_once\":%.2f,\"replica_policy\":\"%s\",\"ucx_tls\":\"%s\"}\n",
                   S, T, static_cast<long long>(params_count), static_cast<long long>(params_count * 4), median(sync_ms),
-                  median(transfer_ms), lowest(transfer_ms), highest(transfer_ms), json_list(transfer_ms).c_str(), median(verify_ms), wire, plan_ms, so.replica_policy.c_str(),
+                  median(transfer_ms), lowest(transfer_ms), highest(transfer_ms), json_list(transfer_ms).c_str(), median(verify_ms), wire, plan_ms, replica_policy.c_str(),
                   std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "(default)");
       std::printf("{\"bench\":\"weight_sync\",\"mode\":\"gather_broadcast\",\"train_ranks\":%d,\"rollout_ranks\":%d,"
                   "\"ms\":%.2f,\"wire_to_useful\":%.3f}\n",

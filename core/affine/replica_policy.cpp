@@ -4,7 +4,27 @@
 
 namespace tessera::affine {
 
-ReplicaPolicy ReplicaPolicy::lowest() { return ReplicaPolicy{}; }
+const char* name_of(ReplicaPolicyKind kind) {
+  for (const auto& [k, name] : kReplicaPolicyNames) {
+    if (k == kind) return name;
+  }
+  return kind == ReplicaPolicyKind::callback ? "callback" : "?";
+}
+
+ReplicaPolicyKind replica_policy_kind(const std::string& name) {
+  std::string choices;
+  for (const auto& [k, spelling] : kReplicaPolicyNames) {
+    if (name == spelling) return k;
+    choices += std::string(choices.empty() ? "" : ", ") + spelling;
+  }
+  throw ReplicaPolicyError("unknown replica policy '" + name + "' (expected one of " + choices + ")");
+}
+
+ReplicaPolicy ReplicaPolicy::lowest() {
+  ReplicaPolicy p;
+  p.kind = Kind::lowest;
+  return p;
+}
 
 ReplicaPolicy ReplicaPolicy::balanced() {
   ReplicaPolicy p;
@@ -27,21 +47,27 @@ ReplicaPolicy ReplicaPolicy::callback(std::string name, std::function<int(const 
   return p;
 }
 
-std::string ReplicaPolicy::name() const {
+ReplicaPolicy ReplicaPolicy::of(Kind kind, Placement placement) {
   switch (kind) {
-    case Kind::lowest: return "lowest";
-    case Kind::local: return "local";
-    case Kind::balanced: return "balanced";
-    case Kind::callback: return "callback:" + callback_name;
+    case Kind::lowest: return lowest();
+    case Kind::balanced: return balanced();
+    case Kind::local: return local(std::move(placement));
+    case Kind::callback: break;
   }
-  return "?";
+  throw ReplicaPolicyError(std::string("a replica policy of kind '") + name_of(kind) +
+                           "' cannot be made from its kind (a callback policy needs its function: ReplicaPolicy::callback)");
+}
+
+std::string ReplicaPolicy::name() const {
+  if (kind == Kind::callback) return "callback:" + callback_name;
+  return name_of(kind);
 }
 
 ReplicaPolicy parse_replica_policy(const std::string& name) {
-  if (name == "lowest") return ReplicaPolicy::lowest();
-  if (name == "balanced") return ReplicaPolicy::balanced();
-  throw ReplicaPolicyError("unknown replica policy '" + name +
-                           "' (expected lowest or balanced; local and callback need tables or code)");
+  const auto kind = replica_policy_kind(name);
+  if (kind == ReplicaPolicyKind::local)
+    throw ReplicaPolicyError("replica policy 'local' needs placement tables (ReplicaPolicy::local); expected lowest or balanced");
+  return ReplicaPolicy::of(kind);
 }
 
 }  // namespace tessera::affine

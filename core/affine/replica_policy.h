@@ -21,11 +21,33 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/affine/box.h"
 
 namespace tessera::affine {
+
+// The policy's kind: the one type that names a replica policy everywhere (the planner, the weight
+// sync's WeightSyncOptions::replica_policy, the configuration's [tessera.rollout] replica_policy).
+enum class ReplicaPolicyKind { lowest, local, balanced, callback };
+
+// The default everywhere a replica policy is not chosen (a default ReplicaPolicy, PlanOptions, the
+// weight sync, [tessera.rollout]): lowest. On 2 shared cores bench/sync's 327 MB sync took
+// 46-56 ms lowest against 51-64 ms balanced (streaming copies, the source hashed during the
+// transfer); balanced pays off where the training ranks have their own cores and links.
+inline constexpr ReplicaPolicyKind kDefaultReplicaPolicy = ReplicaPolicyKind::lowest;
+
+// The kinds a name selects, as every file and command line spells them (callback needs code, so
+// it has no name here). The configuration decoder reads its table of names from this one.
+inline constexpr std::pair<ReplicaPolicyKind, const char*> kReplicaPolicyNames[] = {
+    {ReplicaPolicyKind::lowest, "lowest"}, {ReplicaPolicyKind::local, "local"}, {ReplicaPolicyKind::balanced, "balanced"}};
+
+// "lowest", "local", "balanced", "callback".
+const char* name_of(ReplicaPolicyKind kind);
+// The kind named `name` (exact spelling, one of kReplicaPolicyNames); throws ReplicaPolicyError
+// naming the choices otherwise.
+ReplicaPolicyKind replica_policy_kind(const std::string& name);
 
 struct ReplicaCandidate {
   int source_rank = 0;
@@ -50,8 +72,8 @@ struct Placement {
 };
 
 struct ReplicaPolicy {
-  enum class Kind { lowest, local, balanced, callback };
-  Kind kind = Kind::lowest;
+  using Kind = ReplicaPolicyKind;
+  Kind kind = kDefaultReplicaPolicy;
   Placement placement;                                // kind == local
   std::function<int(const ReplicaRequest&)> choose;  // kind == callback
   std::string callback_name = "callback";             // enters the input digest
@@ -61,6 +83,9 @@ struct ReplicaPolicy {
   static ReplicaPolicy balanced();
   static ReplicaPolicy local(Placement placement);
   static ReplicaPolicy callback(std::string name, std::function<int(const ReplicaRequest&)> choose);
+  // The policy of a named kind: lowest and balanced need nothing, local needs `placement`;
+  // callback needs code (throws ReplicaPolicyError; use callback()).
+  static ReplicaPolicy of(Kind kind, Placement placement = {});
   std::string name() const;  // "lowest", "local", "balanced", "callback:<name>"
 };
 

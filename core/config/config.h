@@ -29,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/affine/replica_policy.h"  // affine::ReplicaPolicyKind: [tessera.rollout] replica_policy
 #include "core/config/provenance.h"
 
 namespace tessera::config {
@@ -52,15 +53,14 @@ enum class OptimizerType { adam, adamw, sgd, adagrad, lion };
 enum class SchedulerType { warmup_lr, warmup_decay_lr, warmup_cosine_lr, one_cycle };
 enum class PartitionType { row, column, skip };
 enum class TransportBackend { automatic, ucx, gloo, nccl };
-enum class ReplicaPolicy { lowest, local, balanced };
 
-// Names as the files spell them ("cpu", "AdamW", "WarmupDecayLR", "balanced", ...).
+// Names as the files spell them ("cpu", "AdamW", "WarmupDecayLR", ...; a replica policy's:
+// affine::name_of).
 const char* name_of(OffloadDevice v);
 const char* name_of(OptimizerType v);
 const char* name_of(SchedulerType v);
 const char* name_of(PartitionType v);
 const char* name_of(TransportBackend v);
-const char* name_of(ReplicaPolicy v);
 
 // A floating-point dtype as configs spell it (DeepSpeed accepts "bf16", "bfloat16",
 // "torch.bfloat16", "half", "float", ...): "fp32", "fp16" or "bf16"; "" for anything else.
@@ -290,12 +290,16 @@ struct TransportConfig {
   TESSERA_CONFIG_EQ(TransportConfig)
 };
 
-// tessera.rollout: weight transfer from the training engine into rollout engines.
+// tessera.rollout: the weight sync from the training engine into rollout engines
+// (actors/rollout/weight_sync.h). These are the sync's defaults, written only here:
+// WeightSyncOptions takes its own from them, and weight_sync_options(config) sets the sync's
+// replica policy, staging budget and timeout from a loaded file.
 struct RolloutConfig {
-  ReplicaPolicy replica_policy = ReplicaPolicy::balanced;  // which holder of a replicated box sends it
-  std::int64_t staging_budget_bytes = 256LL << 20;         // staging memory per rank per round
-  std::int64_t max_rounds_in_flight = 2;
-  std::int64_t sync_timeout_ms = 600'000;                  // one whole weight sync
+  // Which holder of a replicated box sends it (default: affine::kDefaultReplicaPolicy).
+  affine::ReplicaPolicyKind replica_policy = affine::kDefaultReplicaPolicy;
+  std::int64_t staging_budget_bytes = std::int64_t{64} << 20;  // in flight per process per transfer round
+  std::int64_t max_rounds_in_flight = 2;  // accepted and validated; the sync does not read it yet
+  std::int64_t sync_timeout_ms = 120'000;  // each wait of a sync: the jobs meeting, every phase
   auto tie() const { return std::tie(replica_policy, staging_budget_bytes, max_rounds_in_flight, sync_timeout_ms); }
   TESSERA_CONFIG_EQ(RolloutConfig)
 };

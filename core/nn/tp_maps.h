@@ -1,4 +1,4 @@
-// The affine maps of a decoder as a tensor-parallel group stores it (DESIGN.md §3): for each
+// The affine maps of a decoder as a tensor-parallel group stores it (docs/DESIGN.md §8.2): for each
 // parameter, TP rank r's buffer is its local tensor (row-major, the local shape), holding the box
 // of the full Hugging Face tensor that decoder_tp_shard() names. Vocabulary padding rows are in the
 // buffer but not in the map; ranks holding the same slice (KV heads replicated past their number,

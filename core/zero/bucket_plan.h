@@ -1,5 +1,5 @@
 // A BucketPlan cuts a flat gradient buffer into the buckets the gradient reducer reduces, in the
-// one order every rank issues them (DESIGN.md §2: collectives in program order, never arrival order).
+// one order every rank issues them (docs/DESIGN.md §7.3: collectives in program order, never arrival order).
 //
 // Buckets are contiguous flat ranges [begin, end) (end exclusive) of at most bucket_elements,
 // numbered from the END of the buffer, because backward produces the last layers' gradients

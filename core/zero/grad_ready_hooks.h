@@ -4,11 +4,11 @@
 // A post-hook of AccumulateGrad runs after the gradient was accumulated into .grad, once per
 // backward per parameter, even when the parameter is used several times in the graph (the
 // engine sums its inputs first). The nodes are pinned here: a parameter holds only a weak_ptr
-// to its accumulator, and an unpinned one dies with the graph (../shared/reference/zero3_hooks.md).
+// to its accumulator, and an unpinned one dies with the graph (a weak_ptr in LibTorch's AutogradMeta).
 // A second callback runs once at the end of every backward that fired at least one hook.
 //
 // Callbacks run on autograd's thread, in autograd's order (which differs between ranks); users
-// that issue collectives must turn it into a fixed order first (DESIGN.md §2).
+// that issue collectives must turn it into a fixed order first (docs/DESIGN.md §7.3).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/launch_env.h"
 
 namespace tessera::zero {
 namespace {
@@ -31,15 +32,12 @@ Chunks& chunks() {
   return *c;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
 }  // namespace
 
 PartitionedConstruction::PartitionedConstruction(int world, int rank)
-    : outer_(active), world_(world >= 0 ? world : env_int("WORLD_SIZE", 1)), rank_(rank >= 0 ? rank : env_int("RANK", 0)) {
+    : outer_(active),
+      world_(world >= 0 ? world : LaunchEnv::from_env().world_size),
+      rank_(rank >= 0 ? rank : LaunchEnv::from_env().rank) {
   if (world_ < 1 || rank_ < 0 || rank_ >= world_)
     throw Error("PartitionedConstruction: rank " + std::to_string(rank_) + " of " + std::to_string(world_));
   active = this;

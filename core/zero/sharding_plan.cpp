@@ -21,7 +21,8 @@ ShardingPlan::ShardingPlan(std::vector<PlannedParameter> parameters, const Shard
   if (parameters_.empty()) fail("no parameters");
   if (options_.stage < 0 || options_.stage > 3) fail("ZeRO stage " + std::to_string(options_.stage) + " (stages 0-3)");
   if (options_.world < 1) fail("data-parallel size " + std::to_string(options_.world) + " < 1");
-  if (options_.bucket_elements < 1) fail("bucket size " + std::to_string(options_.bucket_elements) + " < 1 element");
+  if (options_.stage != 3 && options_.bucket_elements < 1)  // stage 3 reduces per segment, without buckets
+    fail("bucket size " + std::to_string(options_.bucket_elements) + " < 1 element");
   if (options_.sub_group_elements < 1)
     fail("sub-group size " + std::to_string(options_.sub_group_elements) + " < 1 element");
   if (options_.persistence_threshold < 0)

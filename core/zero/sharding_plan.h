@@ -2,7 +2,7 @@
 // named parameters, their groups, the stage, the data-parallel size and the bucket and sub-group
 // sizes: the flat groups and their partitions, the optimizer's sub-groups, the bucket plan, the
 // ZeRO-3 units and the affine maps of every stored kind. It is the only source of offsets
-// (DESIGN.md §2, layout rule): actors, storage maps, checkpoints and weight sync read them here and
+// (docs/DESIGN.md §7.7, layout rule): actors, storage maps, checkpoints and weight sync read them here and
 // never re-derive one.
 //
 // Flat groups (ZeRO-1/2 "bit16 groups"): one per (parameter group, gradient comm dtype) in that
@@ -61,11 +61,19 @@ struct PlannedParameter {
 // no result.
 inline constexpr int64_t kMaxStagedBucketElements = int64_t(1) << 20;
 
+// How a plan's gradients are reduced, decided once by the stage and the world size.
+enum class GradientMode {
+  all_reduce,           // stages 0/1 (and 2 on one rank): flat gradient buffers, buckets all-reduced in place
+  reduce_to_owner,      // stage 2 across ranks: buckets staged, each reduced to its partition's owner
+  unit_reduce_scatter,  // stage 3: each unit's segments staged and reduce-scattered into the partitions
+};
+
 struct ShardingPlanOptions {
   int64_t stage = 0;
   int world = 1;                              // data-parallel size
-  int64_t bucket_elements = 500'000'000;      // zero_optimization.reduce_bucket_size (stage 2: at most kMaxStagedBucketElements)
-  int64_t sub_group_elements = 1'000'000'000;  // zero_optimization.sub_group_size
+  // Required (the engine passes the config's values, whose defaults are written once there):
+  int64_t bucket_elements = 0;     // zero_optimization.reduce_bucket_size, stages 0-2 (stage 2: at most kMaxStagedBucketElements)
+  int64_t sub_group_elements = 0;  // zero_optimization.sub_group_size
   // Stage 3: parameters of at most this many elements stay gathered (stage3_param_persistence_threshold).
   // 0 (only empty parameters) here, so a plan built by hand keeps every parameter partitioned; the
   // engine passes the config's value (DeepSpeed's default 100,000). Ignored at stages 0-2.
@@ -116,7 +124,13 @@ class ShardingPlan {
   int64_t owned_partition(int rank) const { return options_.stage >= 1 ? rank : 0; }
   // ZeRO-2 across ranks: no flat gradient buffer; buckets are reduced to their owners. (Stage 3
   // partitions gradients too, but per segment and without buckets: false there.)
-  bool partitioned_gradients() const { return options_.stage == 2 && options_.world > 1; }
+  bool partitioned_gradients() const { return gradient_mode() == GradientMode::reduce_to_owner; }
+  GradientMode gradient_mode() const {
+    if (options_.stage == 3) return GradientMode::unit_reduce_scatter;
+    return options_.stage == 2 && options_.world > 1 ? GradientMode::reduce_to_owner : GradientMode::all_reduce;
+  }
+  // No flat gradient buffer: gradients are staged and each rank keeps its partition (stages 2-3 across ranks, 3 always).
+  bool staged_gradients() const { return gradient_mode() != GradientMode::all_reduce; }
   // The largest sub-group of any flat group (what one optimizer scratch buffer must hold).
   int64_t largest_sub_group() const;
 

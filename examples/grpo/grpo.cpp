@@ -69,6 +69,7 @@ struct Args {
   uint64_t seed = 1;
   std::string rollout_dtype = "fp32", sync_mode = "in_place";
   bool delta = false;
+  std::string config;  // --config: a tessera config file; only its [tessera.rollout] is read (the sync's)
 };
 
 // The GRPO learning rate of update `step` (0-based) of `steps`.
@@ -131,7 +132,9 @@ std::vector<std::vector<int64_t>> decode_prompts(const std::string& text) {
 }
 
 tessera::WeightSyncOptions sync_options(const Args& a, const tessera::transport::LaunchEnv& env, bool training) {
+  // Replica policy, staging budget and timeout: the config file's [tessera.rollout], else the defaults.
   tessera::WeightSyncOptions o;
+  if (!a.config.empty()) o = tessera::weight_sync_options(tessera::config::load_config(a.config));
   o.train_job = training ? env.job : a.peer;
   o.rollout_job = training ? a.peer : env.job;
   o.session = "grpo";
@@ -478,6 +481,11 @@ int main(int argc, char** argv) {
   app.add_option("--zero-stage", a.zero_stage, "ZeRO stage of the training job")->check(CLI::Range(0, 3));
   app.add_option("--rollout-dtype", a.rollout_dtype, "fp32 | bf16 (weights cast on the way)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--config", a.config,
+                 "a tessera config file (TOML or DeepSpeed JSON, e.g. configs/autotp.toml) whose [tessera.rollout] "
+                 "sets the weight sync's replica_policy, staging_budget_bytes and sync_timeout_ms (both jobs must agree "
+                 "on the policy); nothing else in it is used")
+      ->check(CLI::ExistingFile);
   app.add_option("--seed", a.seed, "seed of prompts, sampling and initialisation");
   app.add_option("--csv", a.csv, "the curve, written by training rank 0");
   CLI11_PARSE(app, argc, argv);

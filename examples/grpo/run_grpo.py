@@ -7,7 +7,8 @@ PNG with a small writer of its own (zlib + struct; no plotting package needed).
 Usage: examples/grpo/run_grpo.py [--build DIR] [--train-ranks N] [--rollout-ranks N] [--port P]
                                  [--out DIR] [--sync-mode in_place|double_buffered] [--delta]
                                  [-- extra grpo arguments, e.g. --steps 40]
-Every extra argument goes to both jobs (the weight-sync handshake refuses options they disagree on).
+Every extra argument goes to both jobs (the weight-sync handshake refuses options they disagree on);
+`-- --config configs/autotp.toml` takes the weight sync's settings from that file's [tessera.rollout].
 """
 import argparse
 import os

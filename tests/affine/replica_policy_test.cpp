@@ -114,6 +114,27 @@ TEST_CASE("local policy prefers the same process, then the same node", "[affine]
   CHECK_THROWS_AS(affine::plan(dst, src, with(ReplicaPolicy::local(missing))), ReplicaPolicyError);
   CHECK_THROWS_AS(parse_replica_policy("nearest"), ReplicaPolicyError);
   CHECK(parse_replica_policy("balanced").kind == ReplicaPolicy::Kind::balanced);
+  CHECK_THROWS_AS(parse_replica_policy("local"), ReplicaPolicyError);  // needs its tables
+}
+
+TEST_CASE("ReplicaPolicyKind: one default, names, and the policy of a kind", "[affine][policy]") {
+  CHECK(ReplicaPolicy{}.kind == kDefaultReplicaPolicy);
+  CHECK(kDefaultReplicaPolicy == ReplicaPolicyKind::lowest);
+  for (const auto& [kind, name] : kReplicaPolicyNames) {
+    CHECK(std::string(name_of(kind)) == name);
+    CHECK(replica_policy_kind(name) == kind);
+  }
+  CHECK(std::string(name_of(ReplicaPolicyKind::callback)) == "callback");
+  CHECK_THROWS_WITH(replica_policy_kind("callback"), Catch::Contains("expected one of lowest, local, balanced"));
+  CHECK_THROWS_AS(replica_policy_kind("Lowest"), ReplicaPolicyError);  // exact spelling
+  CHECK(ReplicaPolicy::of(ReplicaPolicyKind::lowest).name() == "lowest");
+  CHECK(ReplicaPolicy::of(ReplicaPolicyKind::balanced).name() == ReplicaPolicy::balanced().name());
+  Placement pl;
+  pl.source_process = {{0, 0}};
+  const auto local = ReplicaPolicy::of(ReplicaPolicyKind::local, pl);
+  CHECK(local.kind == ReplicaPolicyKind::local);
+  CHECK(local.placement.source_process == pl.source_process);
+  CHECK_THROWS_AS(ReplicaPolicy::of(ReplicaPolicyKind::callback), ReplicaPolicyError);
 }
 
 TEST_CASE("plan_batch: balanced spreads the bytes of the whole batch", "[affine][policy]") {

@@ -238,7 +238,7 @@ TEST_CASE("the presets say what their names say", "[config][load]") {
   CHECK(qkv.shape[0].parts == std::vector<std::int64_t>{4096, 1024, 1024});
   CHECK(qkv.shape[1].size == -1);
   CHECK(qkv.model_types == std::vector<std::string>{"llama"});
-  CHECK(tp.tessera.rollout.replica_policy == ReplicaPolicy::balanced);
+  CHECK(tp.tessera.rollout.replica_policy == tessera::affine::ReplicaPolicyKind::balanced);
   CHECK(tp.tessera.transport.ucx_transports == std::vector<std::string>{"rc", "sm", "self"});
   // 16 ranks = 4-way TP x 4-way DP: train_batch_size = 1 x 4 x 4.
   Facts f;
@@ -303,4 +303,21 @@ TEST_CASE("Transformers' tests/deepspeed ZeRO-3 file: the 16-bit save flag stays
   // Negative control: a fact the engine needs still fails strict resolution, naming its key.
   f.lr.reset();
   CHECK_THROWS_WITH(resolve_auto(c, f), Catch::Contains("optimizer.params.lr"));
+}
+
+TEST_CASE("[tessera.rollout]: given values are read, the default policy is lowest", "[config][load]") {
+  const Config none = load_toml("train_micro_batch_size_per_gpu = 1\n");
+  CHECK(none.tessera.rollout == RolloutConfig{});
+  CHECK(none.tessera.rollout.replica_policy == tessera::affine::ReplicaPolicyKind::lowest);
+  CHECK(none.tessera.rollout.replica_policy == tessera::affine::kDefaultReplicaPolicy);
+  const Config given = load_toml(
+      "[tessera.rollout]\nreplica_policy = \"balanced\"\nstaging_budget_bytes = 4096\nsync_timeout_ms = 2500\n");
+  CHECK(given.tessera.rollout.replica_policy == tessera::affine::ReplicaPolicyKind::balanced);
+  CHECK(given.tessera.rollout.staging_budget_bytes == 4096);
+  CHECK(given.tessera.rollout.sync_timeout_ms == 2500);
+  CHECK(given.tessera.rollout.max_rounds_in_flight == RolloutConfig{}.max_rounds_in_flight);
+  // A config set in code to the callback kind (no file can name it) is refused, naming the key.
+  Config coded = none;
+  coded.tessera.rollout.replica_policy = tessera::affine::ReplicaPolicyKind::callback;
+  CHECK_THAT(config_error([&] { validate(coded); }), Catch::Contains("tessera.rollout.replica_policy"));
 }

@@ -61,7 +61,7 @@ TEST_CASE("resolved configurations round-trip too", "[config][write]") {
   Config edited = r;
   edited.zero_optimization.stage = Auto<std::int64_t>(2);
   edited.zero_optimization.offload_param.device = Auto<OffloadDevice>(OffloadDevice::none);
-  edited.tessera.rollout.replica_policy = ReplicaPolicy::local;
+  edited.tessera.rollout.replica_policy = tessera::affine::ReplicaPolicyKind::local;
   CHECK(load_config_text(to_json(edited), Format::json) == edited);
   CHECK(load_config_text(to_toml(edited), Format::toml) == edited);
 }

@@ -127,7 +127,7 @@ TEST_CASE("Storage maps rebuild weights, masters and AdamW states bitwise (fp32)
       if (kWorld <= 2) CHECK(torch::equal(full, expected.at(kind).at(map.name)));
       else CHECK(torch::allclose(full, expected.at(kind).at(map.name), 1e-4, 1e-6));
     }
-    // Negative controls on a partitioned map (DESIGN.md section 4). Rank 0's and rank 1's storage
+    // Negative controls on a partitioned map (docs/DESIGN.md §9). Rank 0's and rank 1's storage
     // swapped, holders left as they were: the map lies about who holds what, and the planner must
     // refuse it. Swapped with the holders made consistent: a valid map naming the wrong data,
     // which the planner accepts and the oracle comparison must catch.

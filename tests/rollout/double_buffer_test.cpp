@@ -51,7 +51,7 @@ WeightSyncOptions sync_options() {
   o.rollout_job = kTraining ? env("TESSERA_PEER_JOB") : kEnv.job;
   o.session = kSession;
   o.timeout = std::chrono::seconds(60);
-  o.replica_policy = "balanced";
+  o.replica_policy = tessera::affine::ReplicaPolicyKind::balanced;
   o.delta = true;
   o.mode = SinkMode::double_buffered;
   return o;

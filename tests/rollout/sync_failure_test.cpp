@@ -77,7 +77,7 @@ WeightSyncOptions sync_options(const std::string& session, std::chrono::millisec
   o.rollout_job = kTraining ? env("TESSERA_PEER_JOB") : kEnv.job;
   o.session = session;
   o.timeout = timeout;
-  o.replica_policy = "balanced";
+  o.replica_policy = tessera::affine::ReplicaPolicyKind::balanced;
   return o;
 }
 

@@ -55,7 +55,7 @@ WeightSyncOptions sync_options() {
   o.rollout_job = kTraining ? env("TESSERA_PEER_JOB") : kEnv.job;
   o.session = "two_node";
   o.timeout = std::chrono::seconds(60);
-  o.replica_policy = "balanced";  // both training ranks send
+  o.replica_policy = tessera::affine::ReplicaPolicyKind::balanced;  // both training ranks send
   return o;
 }
 

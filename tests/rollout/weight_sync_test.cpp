@@ -42,8 +42,9 @@ WeightSyncOptions sync_options(const std::string& session) {
   o.rollout_job = kTraining ? env("TESSERA_PEER_JOB") : kEnv.job;
   o.session = session;
   o.timeout = std::chrono::seconds(90);
-  o.replica_policy = session.find("stage1") != std::string::npos ? "lowest" : "balanced";  // both policies
-  if (session.find("local") != std::string::npos) o.replica_policy = "local";
+  using Kind = affine::ReplicaPolicyKind;
+  o.replica_policy = session.find("stage1") != std::string::npos ? Kind::lowest : Kind::balanced;  // both policies
+  if (session.find("local") != std::string::npos) o.replica_policy = Kind::local;
   o.delta = session.find("delta") != std::string::npos;
   // "budget": delta packets that cannot fit the staging budget (fp32: nearly every element changes),
   // so every sync is full; packing stops at the budget instead of building them whole.

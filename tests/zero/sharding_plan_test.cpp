@@ -133,7 +133,9 @@ TEST_CASE("Sharding plan: refusals name what is wrong", "[zero][plan]") {
   CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("ZeRO stage 4"));
   o.stage = 1, o.world = 0;
   CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("data-parallel size 0"));
-  o.world = 2, o.sub_group_elements = 0;
+  o.world = 2;  // bucket and sub-group sizes are required (the engine passes the config's)
+  CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("bucket size 0"));
+  o.bucket_elements = 10;
   CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("sub-group size"));
   o.sub_group_elements = 10;
   CHECK_THROWS_WITH(ShardingPlan({param("a", {2}, 0), param("b", {2}, 2)}, o), Catch::Contains("parameter group 1"));

@@ -12,7 +12,7 @@ namespace tessera::transport {
 namespace {
 
 // One thread per process scans every recorder a few times a second; begin() and end() only take a
-// mutex, so a fast collective costs no thread switch (DESIGN.md §5: a bucket's reduction is on the
+// mutex, so a fast collective costs no thread switch (docs/DESIGN.md §5.1: a bucket's reduction is on the
 // hot path of every backward).
 class Watchdog {
  public:

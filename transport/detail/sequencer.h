@@ -1,5 +1,5 @@
 // The Sequencer of a communicator: one thread that runs the communicator's operations strictly
-// in the order they were issued (DESIGN.md §2), whatever thread issued them. Sequence numbers
+// in the order they were issued (docs/DESIGN.md §7.3), whatever thread issued them. Sequence numbers
 // start at 1. After the first failure the sequencer is broken: later operations fail with it.
 #pragma once
 

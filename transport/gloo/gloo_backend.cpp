@@ -25,6 +25,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/launch_env.h"
 #include "transport/detail/backend.h"
 #include "transport/detail/c10d_store.h"
 
@@ -63,8 +64,8 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const CommunicatorOptions
   if (!options.gloo_hostname.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (ifname && *ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  const char* master = std::getenv("MASTER_ADDR");
-  return c10d::ProcessGroupGloo::createDeviceForHostname(master && *master ? address_facing(master) : "127.0.0.1");
+  const std::string master = env_string("MASTER_ADDR", "");  // LaunchEnv's default would hide "unset"
+  return c10d::ProcessGroupGloo::createDeviceForHostname(master.empty() ? "127.0.0.1" : address_facing(master));
 }
 
 class GlooBackend : public Backend {

@@ -57,10 +57,25 @@ StoreServer::StoreServer(const std::string& host, int port, std::string secret) 
 }
 
 StoreServer::~StoreServer() {
-  stopping_ = true;
+  // No new peers; then peers still connected are served until they hang up or go quiet: a rank
+  // that exits right after setting its last key (a sync's verdict) must not cut off a slower rank
+  // about to read it ("the connection to the store was lost" in rollout.grpo, now and then under
+  // load). Quiet: no request under way for kQuiet; the host's own client stays connected, so at
+  // worst this waits kLinger.
+  constexpr std::chrono::milliseconds kQuiet{300}, kLinger{5000};
   ::shutdown(listen_fd_, SHUT_RDWR);
   ::close(listen_fd_);
   acceptor_.join();
+  {
+    std::unique_lock<std::mutex> lock(clients_mutex_);
+    const auto give_up = std::chrono::steady_clock::now() + kLinger;
+    while (open_clients_ > 0 && std::chrono::steady_clock::now() < give_up) {
+      if (in_flight_ == 0 && std::chrono::steady_clock::now() - last_request_ >= kQuiet) break;
+      quiet_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+  stopping_ = true;
+  changed_.notify_all();
   {
     std::lock_guard<std::mutex> lock(clients_mutex_);
     for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
@@ -71,10 +86,10 @@ StoreServer::~StoreServer() {
 }
 
 void StoreServer::accept_loop() {
+  // Ends when the destructor shuts the listening socket (accept fails).
   while (!stopping_) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (stopping_) return;
       if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) continue;
       return;
     }
@@ -82,7 +97,13 @@ void StoreServer::accept_loop() {
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     std::lock_guard<std::mutex> lock(clients_mutex_);
     client_fds_.push_back(fd);
-    clients_.emplace_back([this, fd] { serve(fd); });
+    ++open_clients_;
+    clients_.emplace_back([this, fd] {
+      serve(fd);
+      std::lock_guard<std::mutex> done(clients_mutex_);
+      --open_clients_;
+      quiet_.notify_all();
+    });
   }
 }
 
@@ -105,14 +126,23 @@ void StoreServer::serve(int fd) {
   timeval forever{0, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof forever);
   std::vector<uint8_t> request;
+  auto note_request = [this](int delta) {
+    std::lock_guard<std::mutex> lock(clients_mutex_);
+    in_flight_ += delta;
+    last_request_ = std::chrono::steady_clock::now();
+    quiet_.notify_all();
+  };
   while (!stopping_ && recv_frame(fd, request)) {
+    note_request(+1);
     std::vector<uint8_t> reply;
     try {
       reply = handle(request);
     } catch (const std::exception& e) {
       reply = Writer().u8(uint8_t(StoreStatus::error)).bytes(std::string(e.what())).data();
     }
-    if (!send_frame(fd, reply)) return;
+    const bool sent = send_frame(fd, reply);
+    note_request(-1);
+    if (!sent) return;
   }
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -50,6 +51,12 @@ class StoreServer {
   std::mutex clients_mutex_;
   std::vector<int> client_fds_;
   std::vector<std::thread> clients_;
+  // Linger at destruction (see ~StoreServer): connections open, requests being served, and when
+  // the last request began or ended.
+  std::condition_variable quiet_;
+  int open_clients_ = 0;
+  int in_flight_ = 0;
+  std::chrono::steady_clock::time_point last_request_ = std::chrono::steady_clock::now();
   // The map.
   std::mutex mutex_;
   std::condition_variable changed_;

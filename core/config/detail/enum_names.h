@@ -27,10 +27,14 @@ TESSERA_ENUM_NAMES(PartitionType, "a partition type", {PartitionType::row, "row"
                    {PartitionType::column, "column"}, {PartitionType::skip, "skip"})
 TESSERA_ENUM_NAMES(TransportBackend, "a transport backend", {TransportBackend::automatic, "auto"},
                    {TransportBackend::ucx, "ucx"}, {TransportBackend::gloo, "gloo"}, {TransportBackend::nccl, "nccl"})
-TESSERA_ENUM_NAMES(ReplicaPolicy, "a replica policy", {ReplicaPolicy::lowest, "lowest"},
-                   {ReplicaPolicy::local, "local"}, {ReplicaPolicy::balanced, "balanced"})
 
 #undef TESSERA_ENUM_NAMES
+
+// The replica policy's names are core/affine's own table (callback has no name: it needs code).
+template <> struct EnumNames<affine::ReplicaPolicyKind> {
+  static constexpr const char* kWhat = "a replica policy";
+  static constexpr const auto& kNames = affine::kReplicaPolicyNames;
+};
 
 template <class E> const char* enum_name(E value) {
   for (const auto& [v, name] : EnumNames<E>::kNames) {
