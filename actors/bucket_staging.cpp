@@ -9,14 +9,12 @@
 namespace tessera::actors {
 
 BucketStaging::BucketStaging(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters, int slots)
-    : spec_(std::move(spec)), parameters_(std::move(parameters)) {
+    : spec_(std::move(spec)), parameters_(std::move(parameters)), ring_(slots) {
   const auto& plan = *spec_->plan;
   for (const auto& b : plan.buckets().buckets)
     slot_bytes_ = std::max<int64_t>(slot_bytes_, b.elements() * int64_t(c10::elementSize(spec_->comm_dtype(b.group))));
-  for (int s = 0; s < slots; ++s) {
+  for (int s = 0; s < slots; ++s)
     slots_.push_back(at::empty({slot_bytes_}, at::TensorOptions().dtype(at::kByte).device(spec_->device)));
-    free_.push_back(s);
-  }
   const size_t n = parameters_.size(), k = plan.buckets().buckets.size();
   ready_.assign(n, 0);
   uncopied_.assign(n, 0);
@@ -64,13 +62,10 @@ void BucketStaging::copy(int64_t param, size_t k) {
 void BucketStaging::assign_free_slots() {
   const auto& plan = *spec_->plan;
   std::vector<size_t> fresh;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    while (assigned_ < slot_of_.size() && !free_.empty()) {
-      slot_of_[assigned_] = free_.back();
-      free_.pop_back();
-      fresh.push_back(assigned_++);
-    }
+  int slot = -1;
+  while (assigned_ < slot_of_.size() && ring_.try_take(slot)) {
+    slot_of_[assigned_] = slot;
+    fresh.push_back(assigned_++);
   }
   // Parameters already final that waited for these buckets (deferred) are copied now.
   for (size_t k : fresh)
@@ -103,11 +98,9 @@ bool BucketStaging::may_wait_for(int64_t param) const {
 
 void BucketStaging::wait_for_slot() {
   caf::anon_send(reducer_, reclaim_atom::value);  // finish the oldest reduction now
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!returned_.wait_for(lock, spec_->timeout, [&] { return !free_.empty(); }))
-    throw TimeoutError("gradient staging: no bucket buffer came back from the gradient-reducer within " +
-                       std::to_string(spec_->timeout.count()) + " ms (bucket " + std::to_string(assigned_) + " of " +
-                       std::to_string(slot_of_.size()) + " waits)");
+  ring_.wait_for_free(spec_->timeout, "gradient staging: bucket " + std::to_string(assigned_) + " of " +
+                                          std::to_string(slot_of_.size()) +
+                                          " waits: no bucket buffer came back from the gradient-reducer");
 }
 
 void BucketStaging::take(int64_t param) {
@@ -132,12 +125,6 @@ void BucketStaging::take_rest() {
   }
 }
 
-void BucketStaging::give_back(int slot) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_.push_back(slot);
-  }
-  returned_.notify_all();
-}
+void BucketStaging::give_back(int slot) { ring_.give_back(slot); }
 
 }  // namespace tessera::actors

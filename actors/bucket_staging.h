@@ -15,22 +15,21 @@
 //
 // Threads: take(), take_rest() and start() run where autograd reports gradients (its thread), or
 // on the user's thread for a coalesced reduction, one backward at a time; give_back() runs on the
-// reducer's thread. Only the free-slot list is shared (under a mutex); a slot's bytes belong to
+// reducer's thread. Only the free-slot list is shared (SlotRing); a slot's bytes belong to
 // whoever holds the slot.
 //
-// Memory: slots x largest bucket x 4 bytes (e.g. 2 x 2,000,000 fp32 elements = 16 MB), plus the
-// .grad of deferred parameters while they wait.
+// Memory: slots x largest bucket (at most zero::kMaxStagedBucketElements: 2 x 4 MiB in fp32),
+// plus the .grad of deferred parameters while they wait.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "actors/engine_spec.h"
 #include "actors/protocol.h"
+#include "actors/slot_ring.h"
 
 namespace tessera::actors {
 
@@ -66,10 +65,7 @@ class BucketStaging {
   std::vector<int> slot_of_;            // per bucket: its slot, or -1
   std::vector<std::vector<char>> done_;  // per parameter, per own bucket position: copied
   size_t assigned_ = 0;                 // buckets [0, assigned_) have slots
-  // Shared with the reducer.
-  std::mutex mutex_;
-  std::condition_variable returned_;
-  std::vector<int> free_;
+  SlotRing ring_;  // the free slots, shared with the reducer
 };
 
 }  // namespace tessera::actors

@@ -8,27 +8,19 @@
 // runs ahead of the data's in the communicator's order, so the check costs one small collective
 // and no extra round trip.
 //
-// Prefetch: the fetches of the first update window (from the first fetch to the first update's
-// gather) are recorded. In later windows, after each fetch that follows the record, the next
-// recorded units are gathered ahead (issued, not waited for): the next one whatever its size, more
-// while their elements stay within stage3_prefetch_bucket_size, and everything gathered within
-// stage3_max_live_parameters. Fetches of gathered-parameters scopes are outside the order. A fetch
-// that leaves the record stops prefetching for the rest of that window (said once). A ZeRO
-// inference engine has no updates: its windows are its Engine::forward calls (fetches outside one
-// are on demand), and its forwards prefetch although no backward follows.
+// Prefetch and reuse: what goes ahead of demand and what stays gathered after a use is the
+// GatherSchedule's (gather_schedule.h: the first window's fetches are the record, later windows
+// follow it within stage3_prefetch_bucket_size, stage3_max_live_parameters and
+// stage3_max_reuse_distance); this actor gathers and releases accordingly. Fetches of
+// gathered-parameters scopes are outside the order. A fetch that leaves the record stops
+// prefetching for the rest of that window (said once) and releases what was gathered ahead. A
+// ZeRO inference engine has no updates: its windows are its Engine::forward calls.
 //
 // Precision: with torch_autocast, gathers for forwards run under CPU autocast (and for the
 // backwards of those forwards) carry lower-precision-safe groups in bf16, widened into the fp32
 // unit: the values autocast's own cast gives, so results do not change. Everything else gathers
 // exactly: gathered-parameters scopes, the persistent parameters, a forward without autocast (a
 // unit still gathered in bf16 is then gathered again).
-//
-// Reuse (stage3_max_reuse_distance): while a window follows the record, a unit released after a
-// use stays gathered if the record uses it again before that many elements of other units'
-// gathers (DeepSpeed's rule; e.g. the last block's forward and then its backward), as long as
-// everything gathered stays within stage3_max_live_parameters. Prefetch and reuse decisions depend
-// only on the record and on the messages' order, which the user's thread fixes, so every rank
-// issues the same gathers.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -38,6 +30,7 @@
 #include <set>
 
 #include "actors/actor_runtime.h"
+#include "actors/gather_schedule.h"
 #include "actors/parameter_shard.h"
 #include "core/error.h"
 #include "core/log/log.h"
@@ -71,11 +64,8 @@ struct Stage3ShardState {
   bool round_ahead = false;            // prefetches in bf16 (the last fetch could take bf16)
   std::vector<Inflight> abandoned;
   // The record and where the current window is in it.
-  std::vector<int64_t> trace;
-  bool recording = true, following = false, warned = false;
-  bool in_window = false;  // forward windows (ZeRO inference): inside an Engine::forward
-  size_t position = 0;
-  int64_t windows = 0;
+  std::unique_ptr<GatherSchedule> schedule;  // the record, where the window is, what goes ahead
+  bool warned = false;
   Stage3Counters counters;
 
   const zero::ShardingPlan& plan() const { return *spec->plan; }
@@ -204,28 +194,21 @@ struct Stage3ShardState {
       throw Error("ZeRO-3: fetch of unit " + std::to_string(unit) + " of " + std::to_string(plan().units().size()));
     auto& of_kind = counters.by_kind[size_t(kind)];
     ++counters.all.fetches, ++of_kind.fetches;
-    if (spec->forward_windows && !in_window) ordered = false;  // outside a forward: on demand
-    if (!ordered) {
-      // A gathered-parameters scope: outside the module order.
-    } else if (recording) {
-      trace.push_back(unit);
-    } else if (following) {
-      if (position < trace.size() && trace[position] == unit) {
-        ++position;
-      } else {
-        following = false;
-        if (!warned && spec->rank == 0)
-          log::warn(std::string("ZeRO-3: ") + (spec->forward_windows ? "forward" : "update") + " window " +
-                    std::to_string(windows) + " left the recorded module order at fetch " + std::to_string(position) +
-                    " (recorded " + (position < trace.size() ? unit_name(trace[position]) : std::string("(the end)")) +
-                    ", now " + unit_name(unit) + "); gathering on demand for the rest of the window");
-        warned = true;
-        ++counters.divergences;
-        // Units gathered ahead for the record's next steps will not be asked for now.
-        for (int64_t u : std::vector<int64_t>(ahead_units.begin(), ahead_units.end()))
-          if (u != unit) release(u);
-        ahead_units.clear();
+    if (schedule->fetch(unit, ordered) == GatherSchedule::Step::left) {
+      if (!warned && spec->rank == 0) {
+        const int64_t recorded = schedule->recorded_at_left();
+        log::warn(std::string("ZeRO-3: ") + (spec->forward_windows ? "forward" : "update") + " window " +
+                  std::to_string(schedule->windows()) + " left the recorded module order at fetch " +
+                  std::to_string(schedule->left_at()) + " (recorded " +
+                  (recorded >= 0 ? unit_name(recorded) : std::string("(the end)")) + ", now " + unit_name(unit) +
+                  "); gathering on demand for the rest of the window");
       }
+      warned = true;
+      ++counters.divergences;
+      // Units gathered ahead for the record's next steps will not be asked for now.
+      for (int64_t u : std::vector<int64_t>(ahead_units.begin(), ahead_units.end()))
+        if (u != unit) release(u);
+      ahead_units.clear();
     }
     const bool was_ahead = ahead_units.erase(unit) > 0;
     if (inflight.count(unit) || was_ahead) {
@@ -267,45 +250,27 @@ struct Stage3ShardState {
     return false;
   }
 
-  // Gathers ahead along the record (after a fetch's reply went out).
+  // Gathers ahead along the record (after a fetch's reply went out), as the schedule says.
   void prefetch() {
-    if (!following || spec->prefetch_elements <= 0) return;
     int64_t ahead = 0;
     for (const auto& [u, f] : inflight)
       if (u >= 0) ahead += numel(u);
-    int64_t live = live_elements();
-    for (size_t k = position; k < trace.size(); ++k) {
-      const int64_t u = trace[k];
-      if (params->gathered(u)) continue;  // gathered or in flight
-      // At least one unit ahead whatever its size (as DeepSpeed), then within the bucket.
-      if ((ahead > 0 && ahead + numel(u) > spec->prefetch_elements) || live + numel(u) > spec->max_live_elements) break;
+    for (int64_t u : schedule->ahead([&](int64_t v) { return params->gathered(v); }, ahead, live_elements())) {
       try {
         start(u, /*exact=*/!round_ahead);
       } catch (...) {
         pending = std::current_exception();
         return;
       }
-      ahead += numel(u), live += numel(u);
       ahead_units.insert(u);
       ++counters.prefetch_issued;
     }
   }
 
-  // Whether the record uses `unit` again within stage3_max_reuse_distance elements of other
-  // units' gathers from where the window is.
-  bool reused_soon(int64_t unit) const {
-    if (!following || spec->max_reuse_elements <= 0) return false;
-    int64_t traversed = 0;
-    for (size_t k = position; k < trace.size() && traversed < spec->max_reuse_elements; ++k) {
-      if (trace[k] == unit) return true;
-      traversed += numel(trace[k]);
-    }
-    return false;
-  }
-
   // After a use: released, unless it is reused soon and the live bound allows keeping it.
   void release_after_use(int64_t unit) {
-    if (params->gathered(unit) && !inflight.count(unit) && live_elements() <= spec->max_live_elements && reused_soon(unit)) {
+    if (params->gathered(unit) && !inflight.count(unit) && live_elements() <= spec->max_live_elements &&
+        schedule->reused_soon(unit)) {
       ++counters.kept_for_reuse;
       return;
     }
@@ -315,16 +280,8 @@ struct Stage3ShardState {
   // Forward windows (ZeRO inference): the first is recorded, later ones follow it. At a window's
   // end the units gathered ahead and not asked for are released (the driver releases the rest).
   void window(bool begin) {
-    if (begin) {
-      in_window = true;
-      position = 0;
-      following = !recording;
-      return;
-    }
-    in_window = false;
-    ++windows;
-    if (recording && !trace.empty()) recording = false;
-    following = false;
+    if (begin) return schedule->begin_window();
+    schedule->end_window();
     for (int64_t u : std::vector<int64_t>(ahead_units.begin(), ahead_units.end())) release(u);
     ahead_units.clear();
   }
@@ -398,10 +355,7 @@ struct Stage3ShardState {
     rethrow_pending();
     gather_persistent_segments();
     // An update ends a window: the first one's fetches are the record; the next window follows it.
-    ++windows;
-    if (recording && !trace.empty()) recording = false;
-    following = !recording;  // (also without prefetch: reuse follows the record too)
-    position = 0;
+    schedule->end_update();
   }
 
   void gather_persistent_segments() {
@@ -484,6 +438,12 @@ parameter_shard_actor spawn_stage3_parameter_shard(std::shared_ptr<const EngineS
                                                    std::shared_ptr<transport::Communicator> comm) {
   auto s = std::make_shared<Stage3ShardState>();
   s->spec = std::move(spec);
+  std::vector<int64_t> elements;
+  for (const auto& unit : s->spec->plan->units()) elements.push_back(unit.gathered_numel);
+  s->schedule = std::make_unique<GatherSchedule>(
+      std::move(elements),
+      GatherLimits{s->spec->prefetch_elements, s->spec->max_live_elements, s->spec->max_reuse_elements},
+      s->spec->forward_windows);
   s->params = std::move(parameters);
   s->comm = std::move(comm);
   return actor_system().spawn<caf::detached>(stage3_shard, std::move(s));

@@ -16,7 +16,7 @@ int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; 
 
 UnitGradStaging::UnitGradStaging(std::shared_ptr<const EngineSpec> spec, std::vector<at::Tensor> parameters, int slots,
                                  int64_t chunk_elements)
-    : spec_(std::move(spec)), parameters_(std::move(parameters)) {
+    : spec_(std::move(spec)), parameters_(std::move(parameters)), ring_(slots) {
   const auto& plan = *spec_->plan;
   const int64_t world = plan.world();
   const int64_t run = std::max<int64_t>(1, chunk_elements / world);  // per rank, per chunk
@@ -41,10 +41,8 @@ UnitGradStaging::UnitGradStaging(std::shared_ptr<const EngineSpec> spec, std::ve
   for (size_t u = plan.units().size(); u-- > 0;) add(plan.units()[u].segments);
   for (size_t s = 0; s < plan.segments().size(); ++s)
     if (plan.segments()[s].persistent()) add({int64_t(s)});
-  for (int k = 0; k < slots; ++k) {
+  for (int k = 0; k < slots; ++k)
     slots_.push_back(at::empty({std::max<int64_t>(slot_bytes_, 1)}, at::TensorOptions().dtype(at::kByte).device(spec_->device)));
-    free_.push_back(k);
-  }
   ready_.assign(parameters_.size(), 0);
   missing_.assign(items_.size(), 0);
 }
@@ -75,32 +73,17 @@ void UnitGradStaging::take_rest() {
 }
 
 int UnitGradStaging::acquire_slot() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!free_.empty()) {
-      const int slot = free_.back();
-      free_.pop_back();
-      return slot;
-    }
+  int slot = -1;
+  while (!ring_.try_take(slot)) {
+    caf::anon_send(reducer_, reclaim_atom::value);  // finish the oldest reduction now
+    ring_.wait_for_free(spec_->timeout, "ZeRO-3 gradient staging: item " + std::to_string(next_) + " of " +
+                                            std::to_string(items_.size()) +
+                                            " waits: no staging slot came back from the gradient-reducer");
   }
-  caf::anon_send(reducer_, reclaim_atom::value);  // finish the oldest reduction now
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!returned_.wait_for(lock, spec_->timeout, [&] { return !free_.empty(); }))
-    throw TimeoutError("ZeRO-3 gradient staging: no staging slot came back from the gradient-reducer within " +
-                       std::to_string(spec_->timeout.count()) + " ms (item " + std::to_string(next_) + " of " +
-                       std::to_string(items_.size()) + " waits)");
-  const int slot = free_.back();
-  free_.pop_back();
   return slot;
 }
 
-void UnitGradStaging::give_back(int slot) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_.push_back(slot);
-  }
-  returned_.notify_all();
-}
+void UnitGradStaging::give_back(int slot) { ring_.give_back(slot); }
 
 void UnitGradStaging::stage(size_t item) {
   for (const auto& chunk : chunks_[item]) stage_chunk(chunk);

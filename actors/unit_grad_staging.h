@@ -20,7 +20,7 @@
 //
 // Threads: start(), take() and take_rest() run on autograd's thread (or the user's thread for a
 // coalesced reduction), one backward at a time; give_back() runs on the reducer's thread. Only the
-// free-slot list is shared (under a mutex); a slot's bytes belong to whoever holds the slot.
+// free-slot list is shared (SlotRing); a slot's bytes belong to whoever holds the slot.
 //
 // Memory: 2 slots x (kMaxStagedBucketElements + its 1/W) elements (fp32 at 2 ranks: 12 MiB),
 // plus the .grad of items waiting for their turn.
@@ -28,13 +28,12 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "actors/engine_spec.h"
 #include "actors/protocol.h"
+#include "actors/slot_ring.h"
 
 namespace tessera::actors {
 
@@ -78,10 +77,7 @@ class UnitGradStaging {
   std::vector<int64_t> missing_;
   size_t next_ = 0;
   bool active_ = false;
-  // Shared with the reducer.
-  std::mutex mutex_;
-  std::condition_variable returned_;
-  std::vector<int> free_;
+  SlotRing ring_;  // the free slots, shared with the reducer
 };
 
 }  // namespace tessera::actors

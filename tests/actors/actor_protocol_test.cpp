@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "actors/actor_runtime.h"
+#include "tests/actors/actor_test_support.h"
 #include "actors/ask.h"
 #include "actors/bucket_staging.h"
 #include "actors/gradient_reducer.h"
@@ -19,22 +20,10 @@
 
 using namespace tessera;
 using namespace tessera::actors;
+using namespace tessera::actors::testing;
 
 namespace {
 
-const int kRank = transport::LaunchEnv::from_env().rank;
-const int kWorld = transport::LaunchEnv::from_env().world_size;
-const std::chrono::milliseconds kTimeout{30000};
-
-std::shared_ptr<transport::Communicator> comm(const std::string& name) {
-  if (kWorld == 1) return nullptr;
-  transport::CommunicatorOptions o;
-  o.name = name;
-  o.timeout = kTimeout;
-  auto c = transport::Communicator::gloo(job_store(), kRank, kWorld, o);
-  c->barrier()->wait();
-  return c;
-}
 
 // Two parameters a (3, 5) and b (7,): 22 elements, partitions straddle a.
 struct Fixture {

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "actors/actor_runtime.h"
+#include "tests/actors/actor_test_support.h"
 #include "actors/ask.h"
 #include "actors/gradient_reducer.h"
 #include "actors/parameter_shard.h"
@@ -23,22 +24,10 @@
 
 using namespace tessera;
 using namespace tessera::actors;
+using namespace tessera::actors::testing;
 
 namespace {
 
-const int kRank = LaunchEnv::from_env().rank;
-const int kWorld = LaunchEnv::from_env().world_size;
-const std::chrono::milliseconds kTimeout{30000};
-
-std::shared_ptr<transport::Communicator> comm(const std::string& name) {
-  if (kWorld == 1) return nullptr;
-  transport::CommunicatorOptions o;
-  o.name = name;
-  o.timeout = kTimeout;
-  auto c = transport::Communicator::gloo(job_store(), kRank, kWorld, o);
-  c->barrier()->wait();
-  return c;
-}
 
 torch::Tensor initial(int i, at::IntArrayRef shape) {
   return (torch::arange(c10::multiply_integers(shape), torch::kFloat) + 100.0f * float(i + 1)).reshape(shape);
