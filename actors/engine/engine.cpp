@@ -123,6 +123,29 @@ void check_parameters(const std::vector<std::pair<std::string, at::Tensor>>& tra
   }
 }
 
+// The sharding plan: every layout, once, from the config's sizes.
+std::shared_ptr<const zero::ShardingPlan> sharding_plan(const actors::EngineSettings& settings, int size,
+                                                        const std::vector<zero::PlannedParameter>& planned) {
+  zero::ShardingPlanOptions options;
+  options.stage = settings.stage;
+  options.world = size;
+  options.bucket_elements = std::max<int64_t>(1, settings.reduce_bucket_elements);
+  options.sub_group_elements = std::max<int64_t>(1, settings.sub_group_elements);
+  options.persistence_threshold = settings.persistence_threshold;
+  return std::make_shared<const zero::ShardingPlan>(planned, options);
+}
+
+// ZeRO-3: the module of each unit (and the Sequential entries to bracket), refused when a module
+// already belongs to another live engine.
+actors::Stage3UnitModules free_unit_modules(torch::nn::Module& model, const zero::ShardingPlan& plan) {
+  auto found = actors::stage3_unit_modules(model, plan);
+  for (size_t u = 0; u < found.modules.size(); ++u)
+    if (zero::is_unit(found.modules[u]))
+      throw Error("initialize: ZeRO-3: module '" + plan.units()[u].module +
+                  "' is a unit of another live engine; each module can belong to one engine");
+  return found;
+}
+
 // The facts every actor of the engine shares, from the settings (the config's values) and the plan.
 std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& settings,
                                                 std::shared_ptr<const zero::ShardingPlan> plan, at::ScalarType dtype,
@@ -229,23 +252,13 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
       planned[size_t(i)] = {names[size_t(i)], trainable[size_t(i)].second.sizes().vec(), int64_t(g), bool(lower[size_t(i)])};
   const bool stage3 = settings.stage == 3;
   if (stage3) actors::assign_stage3_units(*model, trainable, actors::stage3_leaf_modules(*model, resolved), planned);
-  zero::ShardingPlanOptions plan_options;
-  plan_options.stage = settings.stage;
-  plan_options.world = size;
-  plan_options.bucket_elements = std::max<int64_t>(1, settings.reduce_bucket_elements);
-  plan_options.sub_group_elements = std::max<int64_t>(1, settings.sub_group_elements);
-  plan_options.persistence_threshold = settings.persistence_threshold;
-  auto plan = std::make_shared<const zero::ShardingPlan>(planned, plan_options);
+  auto plan = sharding_plan(settings, size, planned);
   std::vector<const torch::nn::Module*> units;
   std::unique_ptr<zero::SequentialUnits> sequential_units;
   if (stage3) {
-    auto found = actors::stage3_unit_modules(*model, *plan);
+    auto found = free_unit_modules(*model, *plan);
     units = std::move(found.modules);
     sequential_units = std::move(found.sequential);
-    for (size_t u = 0; u < units.size(); ++u)
-      if (zero::is_unit(units[u]))
-        throw Error("initialize: ZeRO-3: module '" + plan->units()[u].module +
-                    "' is a unit of another live engine; each module can belong to one engine");
   }
 
   // 2. The data-parallel communicators.
