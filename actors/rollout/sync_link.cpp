@@ -147,10 +147,11 @@ bool SyncLink::wait_for_start(std::chrono::milliseconds timeout, const std::atom
   if (!stop) {
     try {
       shared->wait({k}, timeout);
-    } catch (const TimeoutError&) {
+    } catch (const TimeoutError& e) {
+      // The store's own words name the key waited for (as every other wait of a sync does).
       throw TimeoutError("weight sync '" + options.session + "': the training job '" + options.train_job +
                          "' did not start sync " + std::to_string(syncs + 1) + " within " +
-                         std::to_string(timeout.count()) + " ms");
+                         std::to_string(timeout.count()) + " ms (" + e.what() + ")");
     }
     return true;
   }
