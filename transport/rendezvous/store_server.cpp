@@ -60,9 +60,10 @@ StoreServer::~StoreServer() {
   // No new peers; then peers still connected are served until they hang up or go quiet: a rank
   // that exits right after setting its last key (a sync's verdict) must not cut off a slower rank
   // about to read it ("the connection to the store was lost" in rollout.grpo, now and then under
-  // load). Quiet: no request under way for kQuiet; the host's own client stays connected, so at
-  // worst this waits kLinger.
-  constexpr std::chrono::milliseconds kQuiet{300}, kLinger{5000};
+  // load; a 300 ms quiet was not enough for a rank descheduled between two requests). Quiet: no
+  // request under way for kQuiet; the host's own client may stay connected, so at worst this
+  // waits kLinger.
+  constexpr std::chrono::milliseconds kQuiet{2000}, kLinger{10000};
   ::shutdown(listen_fd_, SHUT_RDWR);
   ::close(listen_fd_);
   acceptor_.join();
