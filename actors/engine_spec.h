@@ -42,7 +42,6 @@ struct EngineSpec {
   bool autocast_gathers = false;
 
   int64_t owned_partition() const { return plan->owned_partition(rank); }
-  bool partitioned_gradients() const { return plan->partitioned_gradients(); }
   zero::GradientMode gradient_mode() const { return plan->gradient_mode(); }
   // The dtype gradients accumulate in across micro-steps.
   at::ScalarType accumulation_dtype() const { return fp32_grad_accumulation ? at::kFloat : dtype; }

@@ -1,5 +1,7 @@
 #include "actors/gather_schedule.h"
 
+#include <algorithm>
+
 namespace tessera::actors {
 
 GatherSchedule::GatherSchedule(std::vector<int64_t> unit_elements, GatherLimits limits, bool forward_windows)
@@ -28,10 +30,8 @@ std::vector<int64_t> GatherSchedule::ahead(const std::function<bool(int64_t)>& g
   if (!following_ || limits_.prefetch_elements <= 0) return out;
   for (size_t k = position_; k < trace_.size(); ++k) {
     const int64_t u = trace_[k];
-    if (gathered(u)) continue;
-    bool again = false;  // listed already (the record uses it twice ahead)
-    for (int64_t v : out) again = again || v == u;
-    if (again) continue;
+    // Gathered, or listed already (the record uses it twice ahead).
+    if (gathered(u) || std::find(out.begin(), out.end(), u) != out.end()) continue;
     const int64_t n = elements_[size_t(u)];
     // At least one unit ahead whatever its size (as DeepSpeed), then within the bucket.
     if ((ahead_elements > 0 && ahead_elements + n > limits_.prefetch_elements) ||

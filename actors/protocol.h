@@ -185,8 +185,13 @@ struct FetchCounts {
 
 // ZeRO-3: what the parameter-shard did since it started.
 struct Stage3Counters {
-  FetchCounts all;
   std::array<FetchCounts, kFetchKinds> by_kind;  // indexed by FetchKind
+  FetchCounts total() const {  // every kind together
+    FetchCounts t;
+    for (const auto& k : by_kind)
+      t.fetches += k.fetches, t.prefetched += k.prefetched, t.already_gathered += k.already_gathered;
+    return t;
+  }
   int64_t prefetch_issued = 0;   // gathers issued ahead of a request
   int64_t divergences = 0;       // windows that left the recorded order
   int64_t kept_for_reuse = 0;    // releases skipped: the unit is used again within stage3_max_reuse_distance

@@ -193,7 +193,7 @@ struct Stage3ShardState {
     if (unit < 0 || size_t(unit) >= plan().units().size())
       throw Error("ZeRO-3: fetch of unit " + std::to_string(unit) + " of " + std::to_string(plan().units().size()));
     auto& of_kind = counters.by_kind[size_t(kind)];
-    ++counters.all.fetches, ++of_kind.fetches;
+    ++of_kind.fetches;
     if (schedule->fetch(unit, ordered) == GatherSchedule::Step::left) {
       if (!warned && spec->rank == 0) {
         const int64_t recorded = schedule->recorded_at_left();
@@ -212,10 +212,10 @@ struct Stage3ShardState {
     }
     const bool was_ahead = ahead_units.erase(unit) > 0;
     if (inflight.count(unit) || was_ahead) {
-      ++counters.all.prefetched, ++of_kind.prefetched;
+      ++of_kind.prefetched;
       if (inflight.count(unit)) complete(unit);
     } else if (params->gathered(unit)) {
-      ++counters.all.already_gathered, ++of_kind.already_gathered;
+      ++of_kind.already_gathered;
     }
     // bf16 will do for a forward under autocast, and for the backward of one.
     bool bf16_ok = false;

@@ -129,7 +129,8 @@ Stage3Stats Engine::stage3_stats() const {
   const auto& c = buffers.stage3;
   auto counts = [](const actors::FetchCounts& f) { return Stage3FetchCounts{f.fetches, f.prefetched, f.already_gathered}; };
   auto of = [&](actors::FetchKind k) { return counts(c.by_kind[size_t(k)]); };
-  out.fetches = c.all.fetches, out.prefetched = c.all.prefetched, out.already_gathered = c.all.already_gathered;
+  const auto total = c.total();
+  out.fetches = total.fetches, out.prefetched = total.prefetched, out.already_gathered = total.already_gathered;
   out.scope = of(actors::FetchKind::scope), out.forward_no_grad = of(actors::FetchKind::forward_no_grad);
   out.forward = of(actors::FetchKind::forward), out.backward = of(actors::FetchKind::backward);
   out.prefetch_issued = c.prefetch_issued, out.divergences = c.divergences, out.kept_for_reuse = c.kept_for_reuse;

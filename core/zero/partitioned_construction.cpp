@@ -35,9 +35,12 @@ Chunks& chunks() {
 }  // namespace
 
 PartitionedConstruction::PartitionedConstruction(int world, int rank)
-    : outer_(active),
-      world_(world >= 0 ? world : LaunchEnv::from_env().world_size),
-      rank_(rank >= 0 ? rank : LaunchEnv::from_env().rank) {
+    : outer_(active), world_(world), rank_(rank) {
+  if (world_ < 0 || rank_ < 0) {  // from the launcher, read once
+    const auto env = LaunchEnv::from_env();
+    if (world_ < 0) world_ = env.world_size;
+    if (rank_ < 0) rank_ = env.rank;
+  }
   if (world_ < 1 || rank_ < 0 || rank_ >= world_)
     throw Error("PartitionedConstruction: rank " + std::to_string(rank_) + " of " + std::to_string(world_));
   active = this;

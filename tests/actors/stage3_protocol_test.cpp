@@ -86,7 +86,7 @@ TEST_CASE("stage-3 parameter-shard: exact gathers, prefetch along the record, co
   window();  // recorded: nothing prefetched
   auto first = counters(shard);
   CHECK(first.prefetch_issued == 0);
-  CHECK(first.all.fetches == 6);
+  CHECK(first.total().fetches == 6);
   CHECK(first.by_kind[size_t(FetchKind::forward)].fetches == 3);
   CHECK(first.by_kind[size_t(FetchKind::backward)].fetches == 3);
   window();  // followed: after F0, units 1 and 2 ahead; after F1, unit 0 (released) for B0; after
@@ -96,7 +96,7 @@ TEST_CASE("stage-3 parameter-shard: exact gathers, prefetch along the record, co
   const auto& bwd = second.by_kind[size_t(FetchKind::backward)];
   CHECK(fwd.prefetched - first.by_kind[size_t(FetchKind::forward)].prefetched == 2);
   CHECK(bwd.prefetched - first.by_kind[size_t(FetchKind::backward)].prefetched == 2);
-  CHECK(second.all.prefetched == fwd.prefetched + bwd.prefetched);
+  CHECK(second.total().prefetched == fwd.prefetched + bwd.prefetched);
   CHECK(second.divergences == 0);
   // A scope's fetch is outside the order: exact, counted apart, nothing gathered ahead.
   fetch(shard, 1, FetchKind::scope);
