@@ -12,14 +12,28 @@
 #include "core/error.h"
 
 namespace tessera::transport::rendezvous {
+namespace {
+
+// OpenSSL without its atexit cleanup: a thread that used it (a store connection's server thread,
+// an actor thread that connected) may exit after exit() has begun, and OpenSSL's thread-exit hook
+// then touched freed state (a rank killed by SIGSEGV in libcrypto after its tests passed, once
+// under load). The process ends right after anyway; the memory goes with it.
+void init_crypto() {
+  static const bool ready = OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+  if (!ready) throw TransportError("store: OpenSSL could not be initialised");
+}
+
+}  // namespace
 
 Nonce random_nonce() {
+  init_crypto();
   Nonce n{};
   if (RAND_bytes(n.data(), int(n.size())) != 1) throw TransportError("store: no random bytes for the handshake");
   return n;
 }
 
 Mac store_mac(const std::string& secret, const Nonce& nonce) {
+  init_crypto();
   Mac mac{};
   unsigned int length = 0;
   if (!HMAC(EVP_sha256(), secret.data(), int(secret.size()), nonce.data(), nonce.size(), mac.data(), &length) ||
