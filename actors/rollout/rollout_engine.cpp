@@ -134,6 +134,11 @@ void RolloutEngine::mark_weights_torn() {
   weights_->torn = true;
 }
 
+void RolloutEngine::unmark_weights_torn() {
+  std::lock_guard<std::mutex> lock(weights_->mutex);
+  weights_->torn = false;
+}
+
 uint64_t RolloutEngine::publish_synced_weights() {
   std::lock_guard<std::mutex> lock(weights_->mutex);
   weights_->torn = false;

@@ -59,9 +59,11 @@ class RolloutEngine {
   // For the rollout sink: a complete, verified sync has written every parameter of model():
   // version + 1, generation may go on.
   uint64_t publish_synced_weights();
-  // For the rollout sink: a sync into model() in place failed; generate() refuses until the next
-  // good one (the weights may be a mix of two versions).
+  // For the rollout sink: a sync into model() in place may write from now on; generate() refuses
+  // until the next good one (a failed sync may leave a mix of two versions).
   void mark_weights_torn();
+  // A sync that was withdrawn before any byte moved: the weights it had marked serve again.
+  void unmark_weights_torn();
   bool weights_torn() const;
 
   // Double-buffered updates, for the rollout sink: a second set of tensors shaped as model()'s

@@ -72,12 +72,18 @@ WeightSyncStats SinkCore::receive(bool listening) {
   }
   std::vector<std::vector<int64_t>> sizes;
   if (l.delta_now()) sizes = l.agree_on_packets({});
-  // In place, generation pauses from the moment the transfer is agreed (no byte moved before; a
-  // refused batch leaves the weights serving) until the sync is verified.
+  // In place, generation pauses from the moment this process accepts the transfer (peers may
+  // write into it from then on) until the sync is verified; a batch refused or withdrawn before
+  // any byte moved leaves the weights serving, torn only if they were before.
   auto paused = std::chrono::steady_clock::now();
-  const std::function<void()> agreed = [&] {
+  const bool torn_before = rollout->weights_torn();
+  transport::TransferHooks hooks;
+  hooks.exposed = [&] {
     paused = std::chrono::steady_clock::now();
     if (!double_buffered) rollout->mark_weights_torn();
+  };
+  hooks.withdrawn = [&] {
+    if (!double_buffered && !torn_before) rollout->unmark_weights_torn();
   };
   const auto t = std::chrono::steady_clock::now();
   transport::RemoteTransferStats s;
@@ -95,7 +101,7 @@ WeightSyncStats SinkCore::receive(bool listening) {
         packet.resize(size_t(sizes[size_t(l.packet_pairs[i].first)][size_t(l.rank)]));
         packets[i].target_buffers[0] = {packet.data(), int64_t(packet.size()), affine::DType::u8};
       }
-    s = l.executor->execute(packets, agreed);
+    s = l.executor->execute(packets, hooks);
     const auto a = std::chrono::steady_clock::now();
     for (int src = 0; src < l.train_size(); ++src) {
       const auto bytes = size_t(sizes[size_t(src)][size_t(l.rank)]);
@@ -111,7 +117,7 @@ WeightSyncStats SinkCore::receive(bool listening) {
     stats.pack_ms = ms_since(a);
     stats.delta = true;
   } else {
-    s = l.executor->execute(batch, agreed);
+    s = l.executor->execute(batch, hooks);
   }
   stats.sync_ms = ms_since(t);
   stats.bytes_sent = s.bytes_received, stats.puts = s.puts, stats.wire_to_useful = s.wire_to_useful;

@@ -4,7 +4,8 @@
 // NaN-filled (0xFF) targets; every target element must equal the closed-form oracle bitwise and
 // padding must stay untouched. Then a
 // batch the target job plans differently, and one whose targets overlap, must be refused on
-// every process with no byte moved.
+// every process with no byte moved. Then ("[.affine_withdraw]") a target that gives up on the votes
+// before a late source casts its own: the late source must not write, and both must say so.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -119,7 +120,12 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
   RemoteExecutorOptions options;
   options.staging_bytes = 64;
   RemoteExecutor executor(peers, "weights", options);
+  int exposed = 0, withdrawn = 0;
+  TransferHooks hooks;
+  hooks.exposed = [&] { ++exposed; };
+  hooks.withdrawn = [&] { ++withdrawn; };
   for (int round : {0, 1, 2}) {
+    exposed = withdrawn = 0;
     const bool disagree = round == 1, overlap = round == 2;
     std::vector<Tensor> tensors(infos.size());
     std::vector<RemoteTransfer> batch;
@@ -153,7 +159,7 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
       // refuse; every process must raise the same refusal, and nothing moves.
       batch.push_back(batch[0]);
       try {
-        executor.execute(batch);
+        executor.execute(batch, hooks);
         FAIL("a batch with overlapping targets was executed");
       } catch (const affine::TransferRefusedError& e) {
         std::string what = e.what();
@@ -161,6 +167,9 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
         CHECK(what.find("job '" + target_job + "' rank 0 refused: tensor") == std::string::npos);
         CHECK(what.find("written twice") != std::string::npos);
       }
+      // A target refused by itself (never exposed); a source accepted, then learned of the refusal.
+      CHECK(exposed == (is_source ? 1 : 0));
+      CHECK(withdrawn == exposed);
       if (!is_source)
         for (auto& t : tensors)
           for (auto byte : t.buffers[rank]) REQUIRE(byte == 0xFF);
@@ -168,19 +177,23 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
     }
     if (disagree) {
       try {
-        executor.execute(batch);
+        executor.execute(batch, hooks);
         FAIL("a batch planned differently by the target job was executed");
       } catch (const affine::TransferRefusedError& e) {
         std::string what = e.what();
         CHECK(what.find("refused on every process, no byte moved") != std::string::npos);
         CHECK(what.find("planned different batches") != std::string::npos);
       }
+      CHECK(exposed == 1);  // every process accepted its own view, and learned of the mismatch
+      CHECK(withdrawn == 1);
       if (!is_source)
         for (auto& t : tensors)
           for (auto byte : t.buffers[rank]) REQUIRE(byte == 0xFF);
       continue;
     }
-    auto stats = executor.execute(batch);
+    auto stats = executor.execute(batch, hooks);
+    CHECK(exposed == 1);
+    CHECK(withdrawn == 0);
     if (is_source) {
       CHECK(stats.bytes_sent > 0);
       CHECK(stats.rounds >= stats.bytes_sent / 64);
@@ -226,6 +239,94 @@ TEST_CASE("remote affine transfer between two jobs; a disagreeing plan is refuse
   peers.store()->add("finished", 1);
   try {
     for (int i = 0; i < 600 && peers.store()->add("finished", 0) < S + T; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } catch (const tessera::TransportError&) {
+  }
+}
+
+// The target job's processes wait for the votes at most 1.5 s; the source job votes 3 s late. A
+// target withdraws (no process had committed: TransferHooks::withdrawn), so the late source, which
+// then reads unanimous votes, must refuse to commit and move no byte. Without the commit counter
+// it would write into targets that already gave up (and may be serving). Then a batch on time
+// moves every byte: the epochs stayed in step.
+TEST_CASE("remote transfer: a target that gave up on the votes is never written by a late voter", "[.affine_withdraw]") {
+  const int rank = std::atoi(env_str("RANK", "0").c_str());
+  const int size = std::atoi(env_str("WORLD_SIZE", "1").c_str());
+  const std::string job = env_str("TESSERA_JOB", "a"), peer_job = env_str("TESSERA_PEER_JOB", "b");
+  const bool is_source = env_str("TESSERA_UCX_ROLE", "source") == "source";
+  auto store = Store::from_env();
+  UcxContext context({});
+  UcxPeers peers(context, store, job, rank, size, "withdraw");
+  const int peer_size = peers.connect(peer_job);
+  const int S = is_source ? size : peer_size, T = is_source ? peer_size : size;
+  const std::string source_job = is_source ? job : peer_job, target_job = is_source ? peer_job : job;
+  const affine::TensorInfo info{"w", DType::f32, {12, 10}};
+  const auto source = source_map(0, info, S), target = target_map(0, info, T, false);
+  const auto plan = affine::plan(target, source);
+  const auto& mine = is_source ? source.ranks.at(rank) : target.ranks.at(rank);
+  std::vector<uint8_t> buffer(static_cast<size_t>(std::max<int64_t>(mine.buffer_elements, 1) * 4), 0xFF);
+  if (is_source)
+    for (const auto& piece : mine.pieces)
+      for_each_index(piece.box, [&](const Dims& i) { value_bytes(0, DType::f32, linear(info.shape, i), &buffer[piece.address_of(i) * 4]); });
+  RemoteTransfer rt;
+  rt.plan = &plan;
+  for (int r = 0; r < S; ++r) rt.source_processes.push_back({source_job, r});
+  for (int r = 0; r < T; ++r) rt.target_processes.push_back({target_job, r});
+  (is_source ? rt.source_buffers : rt.target_buffers)[rank] = {buffer.data(), mine.buffer_elements, DType::f32};
+  RemoteExecutorOptions options;
+  options.timeout = std::chrono::milliseconds(is_source ? 30000 : 1500);
+  RemoteExecutor executor(peers, "withdraw", options);
+  int exposed = 0, withdrawn = 0;
+  TransferHooks hooks;
+  hooks.exposed = [&] { ++exposed; };
+  hooks.withdrawn = [&] { ++withdrawn; };
+  auto marks = peers.store()->shared("withdraw_test");
+  std::string error;
+  if (is_source) std::this_thread::sleep_for(std::chrono::seconds(3));
+  try {
+    executor.execute({rt}, hooks);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  INFO(job << " rank " << rank << ": " << error);
+  CHECK(exposed == 1);
+  if (is_source) {
+    // The first late source to commit knows no byte moved; the next counts it among those that
+    // may have committed first (the counter cannot tell refused commits apart: conservative).
+    CHECK(withdrawn <= 1);
+    CHECK_THAT(error, Catch::Contains("gave up waiting for the votes before this one committed"));
+    marks->add("late_done", 1);
+  } else {
+    CHECK(withdrawn == 1);  // it withdrew before any process committed
+    CHECK_THAT(error, Catch::Contains("timed out"));
+    // Once every late source returned, no byte of the batch is here.
+    marks->wait({"late_done"}, std::chrono::seconds(60));
+    while (marks->add("late_done", 0) < S) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    bool untouched = true;
+    for (auto byte : buffer) untouched = untouched && byte == 0xFF;
+    CHECK(untouched);
+  }
+  // The next batch, on time: every target element arrives.
+  exposed = withdrawn = 0;
+  marks->add("ready", 1);
+  while (marks->add("ready", 0) < S + T) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  executor.execute({rt}, hooks);
+  CHECK(exposed == 1);
+  CHECK(withdrawn == 0);
+  if (!is_source) {
+    bool all_equal = true;
+    for (const auto& piece : mine.pieces)
+      for_each_index(piece.box, [&](const Dims& i) {
+        uint8_t expect[4];
+        value_bytes(0, DType::f32, linear(info.shape, i), expect);
+        all_equal = all_equal && std::memcmp(&buffer[piece.address_of(i) * 4], expect, 4) == 0;
+      });
+    CHECK(all_equal);
+  }
+  // The store's host (source rank 0) leaves last.
+  marks->add("finished", 1);
+  try {
+    for (int i = 0; i < 600 && marks->add("finished", 0) < S + T; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
   } catch (const tessera::TransportError&) {
   }

@@ -102,8 +102,10 @@ struct RemoteExecutor::Call {
   void publish_targets();
   std::shared_ptr<UcxMemory> registration_of(const affine::LocalBuffer& buffer);
 
-  void agree(const std::function<void()>& agreed);
+  void agree(const TransferHooks& hooks);
   Votes read_votes();
+  void commit(const TransferHooks& hooks);
+  void withdraw(const TransferHooks& hooks) noexcept;
   std::string compare_transfers(size_t differing);
   void drop_previous_epoch();
 
@@ -150,11 +152,11 @@ void RemoteExecutor::use_registered(std::shared_ptr<UcxMemory> memory) {
   if (memory && memory->bytes()) registrations_[reinterpret_cast<uintptr_t>(memory->address())] = std::move(memory);
 }
 
-RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& batch, const std::function<void()>& agreed) {
+RemoteTransferStats RemoteExecutor::execute(const std::vector<RemoteTransfer>& batch, const TransferHooks& hooks) {
   Call call(*this, batch);
   if (!call.takes_part()) return call.stats;
   call.validate();
-  call.agree(agreed);
+  call.agree(hooks);
   call.move();
   return call.finish();
 }
@@ -290,20 +292,53 @@ std::shared_ptr<UcxMemory> RemoteExecutor::Call::registration_of(const affine::L
 // ---- 2. Agree ----
 
 // Everyone's (digest, reject) before any byte moves.
-void RemoteExecutor::Call::agree(const std::function<void()>& agreed) {
+void RemoteExecutor::Call::agree(const TransferHooks& hooks) {
   std::ostringstream vote;
   vote << std::hex << digest.h << std::dec << " " << (reject.empty() ? 0 : 1) << " " << reject;
-  store->set("vote/" + me.job + "/" + std::to_string(me.rank), vote.str());
-  Votes votes = read_votes();
+  const bool accepts = reject.empty();
+  if (accepts && hooks.exposed) hooks.exposed();  // peers that read our vote may write from now on
+  Votes votes;
+  try {
+    store->set("vote/" + me.job + "/" + std::to_string(me.rank), vote.str());
+    votes = read_votes();
+  } catch (...) {
+    if (accepts) withdraw(hooks);
+    throw;
+  }
   // Every process read the same votes, so every one takes this path.
   if (votes.first_reject.empty() && !votes.mismatch.empty())
     votes.mismatch += "; " + compare_transfers(votes.differing);
-  if (!votes.first_reject.empty() || !votes.mismatch.empty())
+  if (!votes.first_reject.empty() || !votes.mismatch.empty()) {
+    if (accepts && hooks.withdrawn) hooks.withdrawn();
     throw affine::TransferRefusedError(head + " refused on every process, no byte moved: " +
                                        (votes.first_reject.empty() ? votes.mismatch : votes.first_reject));
-  if (agreed) agreed();
+  }
+  commit(hooks);
   drop_previous_epoch();
   ex.published_ = published;
+}
+
+// Unanimous votes: this process may move bytes unless one gave up before it committed.
+void RemoteExecutor::Call::commit(const TransferHooks& hooks) {
+  const int64_t seen = store->add("commit", 1);
+  if (seen < kWithdraw) return;
+  const int64_t committed_before = seen % kWithdraw - 1;
+  if (committed_before == 0 && hooks.withdrawn) hooks.withdrawn();
+  // Commits refused like this one are counted too: committed_before is an upper bound.
+  throw TransportError(head + ": a process gave up waiting for the votes before this one committed; " +
+                       (committed_before == 0 ? std::string("no byte moved")
+                                              : "bytes from up to " + std::to_string(committed_before) +
+                                                    " process(es) that committed earlier may have arrived"));
+}
+
+// This process could not read the votes: it withdraws, and knows whether any process committed
+// (and may be writing into it) first. Without the store it cannot know: its targets stay suspect.
+void RemoteExecutor::Call::withdraw(const TransferHooks& hooks) noexcept {
+  try {
+    const int64_t seen = store->add("commit", kWithdraw);
+    if (seen % kWithdraw == 0 && hooks.withdrawn) hooks.withdrawn();
+  } catch (...) {
+  }
 }
 
 Votes RemoteExecutor::Call::read_votes() {
@@ -355,6 +390,7 @@ void RemoteExecutor::Call::drop_previous_epoch() {
   try {
     auto old_store = ex.peers_.store()->scoped("remote/" + ex.session_ + "/" + std::to_string(epoch - 1));
     old_store->remove("vote/" + me.job + "/" + std::to_string(me.rank));
+    if (me == order.front()) old_store->remove("commit");
     for (const auto& name : ex.published_) old_store->remove(name);
   } catch (const TransportError&) {
     // Leftover keys are harmless.

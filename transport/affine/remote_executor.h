@@ -13,7 +13,12 @@
 //      reject or one differing digest makes EVERY process throw the same
 //      affine::TransferRefusedError (built from the same votes), with no byte moved; for differing
 //      digests every process then publishes its per-tensor digests, and the error names the first
-//      tensor planned differently.
+//      tensor planned differently. Unanimous votes are then committed through one atomic counter
+//      of the epoch: a process that read them adds 1 and moves bytes only while no process has
+//      withdrawn; a process that could not read them (a peer died, the votes timed out) adds
+//      kWithdraw. The store orders the adds, so a late voter never writes into a process that gave
+//      up, and a process that gave up knows whether anyone committed before it (its targets may
+//      hold bytes of the batch) or not (none moved: TransferHooks::withdrawn).
 //   3. Move: target buffers are registered with UCX (once per buffer; cached) and published as
 //      one table per target process (one store key a source reads once per batch); a source
 //      unpacks each registration's remote key once and keeps it across batches. Each source
@@ -81,6 +86,16 @@ struct RemoteTransfer {
   std::map<int, affine::LocalBuffer> target_buffers;  // plan target ranks placed on this process
 };
 
+// What a target learns about its buffers during execute(). Either may be empty.
+struct TransferHooks {
+  // Before this process casts a vote that accepts the batch: from then on, peers that read
+  // unanimous votes may write into its target buffers (a sink pauses in-place generation here).
+  std::function<void()> exposed;
+  // After `exposed`, when execute() throws knowing no byte was written into this process: the
+  // batch was refused everywhere, or withdrawn before any process committed.
+  std::function<void()> withdrawn;
+};
+
 struct RemoteExecutorOptions {
   int64_t staging_bytes = int64_t{64} << 20;  // bytes in flight per process per round
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
@@ -114,9 +129,14 @@ class RemoteExecutor {
   RemoteExecutor(const RemoteExecutor&) = delete;
   RemoteExecutor& operator=(const RemoteExecutor&) = delete;
 
-  // `agreed`, when given, runs once every process has agreed and before any byte moves (a sink
-  // marks its weights torn there, so a refused batch leaves them serving).
-  RemoteTransferStats execute(const std::vector<RemoteTransfer>& batch, const std::function<void()>& agreed = {});
+  // `hooks` tell a target when its buffers may start to change, and when a failed call is known
+  // to have changed none of them (a sink marks its weights torn, and a withdrawn batch leaves
+  // them serving).
+  RemoteTransferStats execute(const std::vector<RemoteTransfer>& batch, const TransferHooks& hooks = {});
+
+  // What a process adds to an epoch's commit counter when it gives up on the votes; a committer
+  // adds 1, so the counter's value says how many of each came before.
+  static constexpr int64_t kWithdraw = int64_t{1} << 32;
 
   // Hands the executor memory registered elsewhere (e.g. UcxMemory::allocate, which on one
   // machine lets puts land in shared memory without emulation): target buffers inside it are
