@@ -123,7 +123,12 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
         out.master_bytes = s.store->master_bytes();
         out.state_bytes = s.store->state_bytes();
         out.workspace_bytes = s.workspace.bytes();
+        out.updates = s.updates;
         return out;
+      },
+      [=](restore_atom, const OptimizerCounters& counters) -> Done {
+        self->state.updates = counters.updates;
+        return Done{};
       },
   };
 }

@@ -79,6 +79,7 @@ using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
 using writeback_atom = caf::atom_constant<caf::atom("writeback")>;
 using refresh_atom = caf::atom_constant<caf::atom("refresh")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;
+using restore_atom = caf::atom_constant<caf::atom("restore")>;
 
 // ZeRO-3: why a unit is fetched (fetch above). The order indexes Stage3Counters::by_kind.
 enum class FetchKind : uint8_t {
@@ -228,7 +229,14 @@ struct OptimizerStates {
   int64_t master_bytes = 0;
   int64_t state_bytes = 0;                      // every state
   int64_t workspace_bytes = 0;                  // the kernels' reusable temporaries (optim::Workspace)
+  int64_t updates = 0;                          // optimizer steps taken (bias corrections count them)
   std::exception_ptr error;
+};
+
+// A checkpoint's optimizer counters, restored between steps (the states themselves are written
+// into the buffers OptimizerStates lends).
+struct OptimizerCounters {
+  int64_t updates = 0;
 };
 
 // What the gradient-reducer holds: gradients (flat buffers, accumulators, reduced partitions,
@@ -253,7 +261,8 @@ using parameter_shard_actor =
 
 using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<StepReport>,
                                                caf::replies_to<states_atom>::with<OptimizerStates>,
-                                               caf::replies_to<refresh_atom, RefreshRequest>::with<Done>>;
+                                               caf::replies_to<refresh_atom, RefreshRequest>::with<Done>,
+                                               caf::replies_to<restore_atom, OptimizerCounters>::with<Done>>;
 
 }  // namespace tessera::actors
 
@@ -267,6 +276,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Buffers)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::OptimizerStates)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::OptimizerCounters)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::FetchRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::ReleaseRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WindowEdge)

@@ -53,18 +53,17 @@ namespace {
 // connected and passed through a barrier before anyone goes on: a rank that leaves while a peer
 // is still in its connection handshake breaks that peer's connect.
 std::pair<std::shared_ptr<transport::Communicator>, std::shared_ptr<transport::Communicator>> data_parallel_comms(
-    const std::shared_ptr<transport::Communicator>& world, int rank, int size, const actors::EngineSettings& settings,
-    bool cuda, int device) {
+    const std::shared_ptr<transport::Communicator>& world, const std::string& name, int rank, int size,
+    const actors::EngineSettings& settings, bool cuda, int device) {
   if (size == 1) return {nullptr, nullptr};
   std::shared_ptr<transport::Communicator> grad, param;
   if (world) {
     std::vector<int> all(size_t(world->size()));
     for (int r = 0; r < world->size(); ++r) all[size_t(r)] = r;
-    grad = world->group(all, world->name() + ".grad");
-    param = world->group(all, world->name() + ".param");
+    grad = world->group(all, name + ".grad");
+    param = world->group(all, name + ".param");
   } else {
     transport::CommunicatorOptions co;
-    const auto name = actors::next_communicator_name("engine");
     co.timeout = std::chrono::milliseconds(settings.collective_timeout_ms);
     co.name = name + ".grad";
     grad = cuda ? transport::Communicator::nccl(actors::job_store(), rank, size, device, co)
@@ -262,8 +261,9 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   }
 
   // 2. The data-parallel communicators.
+  const std::string comm_name = size == 1 ? "" : world ? world->name() : actors::next_communicator_name("engine");
   auto [grad_comm, param_comm] =
-      data_parallel_comms(world, rank, size, settings, device.is_cuda(), device.is_cuda() ? device.index() : -1);
+      data_parallel_comms(world, comm_name, rank, size, settings, device.is_cuda(), device.is_cuda() ? device.index() : -1);
 
   // 3. Flat buffers, actors, hooks.
   auto spec = engine_spec(settings, plan, dtype, device, rank, size, inference);
@@ -297,6 +297,8 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   impl->schedules = std::move(schedules);
   impl->scaler = scaler;
   impl->names = names;
+  impl->world = world;
+  impl->comm_name = comm_name;
   // ZeRO-3 reduces every micro-step (into the partition, as stage 2 does), even on one rank.
   impl->micro = std::make_unique<actors::MicroSteps>(settings.gradient_accumulation_steps,
                                                      plan->staged_gradients(), size > 1 || stage3);

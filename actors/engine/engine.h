@@ -123,6 +123,27 @@ struct Stage3Stats {
   Stage3FetchCounts scope, forward_no_grad, forward, backward;
 };
 
+// save_checkpoint's arguments (DeepSpeed's, by name).
+struct CheckpointSaveOptions {
+  std::string tag;                  // the tag directory's name; empty: "global_step<N>"
+  std::string client_state = "{}";  // a JSON object saved with the checkpoint, returned by load
+  bool save_latest = true;          // point DIR/latest at this tag
+};
+
+// load_checkpoint's arguments (DeepSpeed's, by name).
+struct CheckpointLoadOptions {
+  std::string tag;                        // empty: the tag DIR/latest names
+  bool load_optimizer_states = true;      // masters and optimizer states (else masters from the weights)
+  bool load_lr_scheduler_states = true;   // the scheduler's position (else it keeps its own)
+  bool load_module_only = false;          // the weights only: no optimizer state, no counters
+};
+
+struct CheckpointLoaded {
+  std::string path;          // the tag directory read
+  std::string tag;
+  std::string client_state;  // the JSON object given to save_checkpoint
+};
+
 struct InitializeOptions {
   // The data-parallel group. nullptr: from tessera-launch's environment (RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT) when WORLD_SIZE > 1, else a single-rank engine.
@@ -257,6 +278,15 @@ class Engine {
   // Affine maps of the weights, fp32 master and optimizer states over the data-parallel ranks,
   // with this rank's buffers (storage_maps.h). Call between steps.
   EngineStorage storage_maps() const;
+  // Checkpoints (collective: every rank calls them with the same arguments; at a batch boundary,
+  // between step() and the next backward). save writes DIR/<tag>/ (a file per rank and a
+  // manifest) and commits it in one rename; returns the tag directory. load reads a checkpoint
+  // saved at any data-parallel size and stage into this engine's layout, verifying every byte it
+  // uses, and continues bit for bit where the save left off (engine_checkpoint.cpp,
+  // core/checkpoint/). A bad checkpoint is a CheckpointError naming the file and tensor, raised
+  // on every rank before any state changes.
+  std::string save_checkpoint(const std::string& dir, const CheckpointSaveOptions& options = {});
+  CheckpointLoaded load_checkpoint(const std::string& dir, const CheckpointLoadOptions& options = {});
   void train();
   void eval();
   std::shared_ptr<torch::nn::Module> module() const;

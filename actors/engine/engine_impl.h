@@ -55,6 +55,13 @@ struct Engine::Impl {
   std::shared_ptr<actors::Stage3Driver> stage3;           // ZeRO-3: the units' listener
   std::unique_ptr<zero::SequentialUnits> sequential_units;  // ZeRO-3: swapped Sequential entries (put back last)
   bool inference = false;  // ZeRO inference: no optimizer, no reducer, no hooks; forwards only
+  // Checkpoints' coordination (small exchanges on the user's thread), made at the first save or
+  // load: a group of `world` when one was given, else Gloo on the job's store; named after the
+  // engine's data-parallel communicators.
+  std::shared_ptr<transport::Communicator> world;
+  std::string comm_name;
+  std::shared_ptr<transport::Communicator> control;
+  transport::Communicator* control_comm();  // nullptr on one rank
   void refuse_in_inference(const char* what) const {
     if (inference)
       throw Error(std::string(what) + ": this is a ZeRO inference engine (initialize without an optimizer): it runs "

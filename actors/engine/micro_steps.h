@@ -30,6 +30,14 @@ class MicroSteps {
 
   bool boundary() const { return (micro_ + 1) % accumulation_steps_ == 0; }
   int64_t micro() const { return micro_; }
+  // Whether this is the start of a batch with nothing accumulated or in flight (a checkpoint can
+  // be taken or restored only here).
+  bool at_batch_start() const {
+    return micro_ % accumulation_steps_ == 0 && boundary_backwards_ == 0 && no_sync_depth_ == 0 && !coalescing_ &&
+           !armed_.load() && !reducing_.load();
+  }
+  // A checkpoint's step count, at a batch start.
+  void restore(int64_t micro) { micro_ = micro; }
   // Whether this backward's gradients go to the reducer (set by a reduction's start, cleared by end_backward).
   bool reducing() const { return reducing_.load(); }
 

@@ -32,6 +32,15 @@ struct LossScaleUpdate {
   std::string describe() const;
 };
 
+// Everything update() depends on, for checkpoints: restore(state()) continues bit for bit.
+struct LossScalerSnapshot {
+  double scale = 1.0;
+  int64_t iteration = 0;
+  int64_t last_overflow_iteration = -1;
+  int64_t hysteresis_left = 0;
+  int64_t skipped_steps = 0;
+};
+
 class LossScaler {
  public:
   explicit LossScaler(const LossScalerOptions& options);
@@ -43,6 +52,13 @@ class LossScaler {
   // Records one optimizer step's overflow flag (already agreed across ranks). Throws
   // tessera::Error when an overflow happens at the minimum scale and raise_error_at_min_scale.
   LossScaleUpdate update(bool overflow);
+  LossScalerSnapshot snapshot() const {
+    return {scale_, iteration_, last_overflow_iteration_, hysteresis_left_, skipped_steps_};
+  }
+  void restore(const LossScalerSnapshot& s) {
+    scale_ = s.scale, iteration_ = s.iteration, last_overflow_iteration_ = s.last_overflow_iteration;
+    hysteresis_left_ = s.hysteresis_left, skipped_steps_ = s.skipped_steps;
+  }
 
  private:
   LossScalerOptions options_;

@@ -1,0 +1,37 @@
+// What the engine's checkpoint calls share (engine_checkpoint_save.cpp, engine_checkpoint_load.cpp):
+// the ranks' small exchanges, dtype names, and the buffers that alias others in this rank.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "actors/engine/storage_maps.h"
+#include "core/affine/dtype.h"
+#include "core/checkpoint/save_layout.h"
+
+namespace tessera {
+namespace transport {
+class Communicator;
+}
+
+namespace checkpoint_support {
+
+// Every rank's string, in rank order (collective over `comm`; {mine} without one).
+std::vector<std::string> all_gather_strings(transport::Communicator* comm, const std::string& mine);
+
+// The first error any rank reported ("" from every rank: none), as one message naming the rank.
+std::string first_error(const std::vector<std::string>& errors);
+
+affine::DType affine_dtype(at::ScalarType type);
+
+// This rank's buffers that lie inside another of its buffers of the same dtype (fp32 masters
+// inside the weights), with their offset there.
+checkpoint::RankAliases find_aliases(const EngineStorage& storage);
+
+std::vector<checkpoint::EngineMap> engine_maps(const EngineStorage& storage);
+
+}  // namespace checkpoint_support
+}  // namespace tessera

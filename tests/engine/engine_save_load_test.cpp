@@ -1,0 +1,401 @@
+// Checkpoints (Engine::save_checkpoint / load_checkpoint) against independent computations:
+//   - exact resume: train 3 steps, save, train 2 more; a second engine whose every buffer is NaN
+//     loads the checkpoint, must hold the saved buffers bitwise, and its 2 steps must end on the
+//     first engine's buffers and counters bitwise (stages 0-3; fp32, bf16, fp16 with a skipped step;
+//     gradient accumulation 2). A negative control shows the comparison sees a buffer left NaN.
+//   - bad checkpoints (a flipped byte, a truncated or missing file, another model's checkpoint, a
+//     directory that is no checkpoint) are refused on every rank naming the file or tensor, and
+//     nothing changes.
+//   - [.layout_save] / [.layout_load] (save_load_layouts.py): saved at one data-parallel size and
+//     stage, loaded at others; every stored tensor, read element by element through each side's
+//     maps from all ranks' buffers (not through the planner), equals the saved one bitwise, and the
+//     weights equal the saved ones through gathered parameters too.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "actors/actor_runtime.h"
+#include "actors/engine/engine.h"
+#include "core/config/load.h"
+#include "core/error.h"
+#include "core/io/safetensors.h"
+#include "core/nn/tiny_gpt.h"
+#include "tests/engine/engine_test_support.h"
+#include "transport/communicator.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using namespace tessera::engine_testing;
+using tessera::CheckpointError;
+using tessera::Engine;
+
+constexpr int kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+// The ranks' own barrier (the engine's communicators are its own).
+tessera::transport::Communicator& test_comm() {
+  static auto comm = [] {
+    tessera::transport::CommunicatorOptions o;
+    o.name = "save_load_test";
+    o.timeout = std::chrono::seconds(120);
+    return tessera::transport::Communicator::gloo(tessera::actors::job_store(), kRank, kWorld, o);
+  }();
+  return *comm;
+}
+void barrier() {
+  if (kWorld > 1) test_comm().barrier()->wait();
+}
+
+// A directory every rank of this launch names alike, emptied by rank 0 (before a collective call).
+std::string fresh_dir(const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("tessera_save_load_" + env_or("TESSERA_JOB", "solo") + "_" + name);
+  if (kRank == 0) fs::remove_all(dir);
+  barrier();
+  return dir.string();
+}
+
+// A model and its loss.
+struct Trainee {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(int step, int micro)> loss;
+};
+
+// fp16 matrix kernels do not exist on CPU in LibTorch 1.13: fp16 weights, fp32 compute.
+struct UpcastMlp : torch::nn::Module {
+  UpcastMlp() {
+    torch::manual_seed(5);
+    w1 = register_parameter("w1", torch::randn({16, 8}) * 0.3);
+    b1 = register_parameter("b1", torch::zeros({16}));
+    w2 = register_parameter("w2", torch::randn({1, 16}) * 0.3);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::tanh(torch::nn::functional::linear(x, w1.to(torch::kFloat), b1.to(torch::kFloat)));
+    return torch::nn::functional::linear(h, w2.to(torch::kFloat));
+  }
+  torch::Tensor w1, b1, w2;
+};
+
+Trainee gpt(uint64_t seed = 77) {
+  tessera::nn::GptConfig c;
+  c.d_model = 32, c.n_layer = 2, c.n_head = 2, c.context = 16, c.seed = seed;
+  auto model = std::make_shared<tessera::nn::TinyGpt>(c);
+  return {model->module(), [model](int step, int micro) {
+            auto batch = corpus().batch(3, step, micro, kGlobalBatch, 16, kRank, kWorld);
+            return model->loss(batch.tokens, batch.targets);
+          }};
+}
+
+// Step 1 overflows on rank 0 in fp16: skipped on every rank.
+Trainee mlp() {
+  auto model = std::make_shared<UpcastMlp>();
+  return {model, [model](int step, int micro) {
+            auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * step + 10 * micro + kRank);
+            auto x = at::randn({8, 8}, gen);
+            auto loss = (model->forward(x) - torch::sin(x.sum(1, true))).pow(2).mean();
+            return step == 1 && kRank == 0 ? loss * 1e30 : loss;
+          }};
+}
+
+std::string config(int stage, const std::string& precision) {
+  return "train_micro_batch_size_per_gpu = " + std::to_string(kGlobalBatch / kWorld) +
+         "\ngradient_accumulation_steps = 2\n" + precision +
+         "[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 3e-3\nweight_decay = 0.01\n"
+         "[scheduler]\ntype = \"WarmupLR\"\n[scheduler.params]\nwarmup_min_lr = 0\nwarmup_max_lr = 3e-3\nwarmup_num_steps = 4\n"
+         "[zero_optimization]\nstage = " + std::to_string(stage) +
+         "\nreduce_bucket_size = 3000\nstage3_param_persistence_threshold = 100\n"
+         "[tessera.transport]\ncollective_timeout_ms = 60000\n";
+}
+
+std::shared_ptr<Engine> engine_for(const Trainee& t, const std::string& toml) {
+  return tessera::initialize(t.module, tessera::config::load_config_text(toml, tessera::config::Format::toml, "save_load"))
+      .engine;
+}
+
+void train(Engine& engine, const Trainee& t, int from, int to) {
+  for (int step = from; step < to; ++step)
+    for (int micro = 0; micro < 2; ++micro) {
+      engine.backward(t.loss(step, micro));
+      engine.step();
+    }
+}
+
+std::map<std::string, torch::Tensor> buffers(const Engine& engine) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [key, t] : engine.storage_maps().buffers) out[key] = t.clone();
+  return out;
+}
+
+// Which buffers differ bitwise (NaN == NaN bit patterns compare equal through the bytes).
+std::vector<std::string> differing(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+  std::vector<std::string> out;
+  for (const auto& [key, t] : a) {
+    const auto it = b.find(key);
+    if (it == b.end() || !torch::equal(t.view(torch::kByte), it->second.view(torch::kByte))) out.push_back(key);
+  }
+  return out;
+}
+
+void fill_nan(Engine& engine) {
+  torch::NoGradGuard no_grad;
+  for (auto& [key, t] : engine.storage_maps().buffers) t.fill_(std::numeric_limits<double>::quiet_NaN());
+}
+
+struct Counters {
+  int64_t global, micro, skipped;
+  double scale, lr;
+  std::vector<double> last_lrs;
+  bool operator==(const Counters& o) const {
+    return global == o.global && micro == o.micro && skipped == o.skipped && scale == o.scale && lr == o.lr &&
+           last_lrs == o.last_lrs;
+  }
+};
+Counters counters(const Engine& e) {
+  return {e.global_steps(), e.micro_steps(), e.skipped_steps(), e.loss_scale(), e.get_lr(), e.last_lrs()};
+}
+
+void exact_resume(const std::string& name, const std::function<Trainee()>& make, const std::string& toml) {
+  INFO(name);
+  const auto dir = fresh_dir(name);
+  auto first = make();
+  auto engine = engine_for(first, toml);
+  train(*engine, first, 0, 3);
+  const auto path = engine->save_checkpoint(dir, {"", R"({"epoch": 7, "seen": [1, 2]})"});
+  CHECK(path == (fs::path(dir) / "global_step3").string());
+  const auto at_save = buffers(*engine);
+  const auto counters_at_save = counters(*engine);
+  train(*engine, first, 3, 5);
+  const auto at_end = buffers(*engine);
+  const auto counters_at_end = counters(*engine);
+
+  auto second = make();
+  auto resumed = engine_for(second, toml);
+  fill_nan(*resumed);
+  // Negative control: the comparison sees buffers that were not overwritten.
+  CHECK_FALSE(differing(at_save, buffers(*resumed)).empty());
+  const auto loaded = resumed->load_checkpoint(dir);
+  CHECK(loaded.tag == "global_step3");
+  CHECK(loaded.client_state == R"({"epoch":7,"seen":[1,2]})");
+  const auto after_load = differing(at_save, buffers(*resumed));
+  INFO("buffers that differ after the load: " << after_load.size() << (after_load.empty() ? "" : " first " + after_load.front()));
+  CHECK(after_load.empty());
+  CHECK(counters(*resumed) == counters_at_save);
+  train(*resumed, second, 3, 5);
+  const auto diff = differing(at_end, buffers(*resumed));
+  INFO("buffers that differ after 2 more steps: " << diff.size() << (diff.empty() ? "" : " first " + diff.front()));
+  CHECK(diff.empty());
+  CHECK(counters(*resumed) == counters_at_end);
+}
+
+// Every stored tensor of `engine`, read element by element through its maps from every rank's
+// buffers (all-gathered): the definition of a map, not the planner. Keys "<kind>/<name>".
+std::map<std::string, torch::Tensor> materialize(const Engine& engine) {
+  const auto storage = engine.storage_maps();
+  std::map<std::string, std::vector<torch::Tensor>> all;  // buffer key -> every rank's copy
+  for (const auto& [key, t] : storage.buffers) {
+    auto flat = t.reshape({t.numel()}).contiguous();
+    if (kWorld == 1) {
+      all[key] = {flat};
+      continue;
+    }
+    auto gathered = torch::empty({kWorld * flat.numel()}, flat.options());
+    test_comm().all_gather(flat, gathered)->wait();
+    for (int r = 0; r < kWorld; ++r) all[key].push_back(gathered.narrow(0, r * flat.numel(), flat.numel()));
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& m : storage.maps) {
+    const auto& some = all.at(m.buffer).front();
+    auto full = torch::full({m.map.numel()}, std::numeric_limits<double>::quiet_NaN(), some.options());
+    const int64_t es = int64_t(some.element_size());
+    auto* dst = static_cast<char*>(full.data_ptr());
+    for (const auto& [rank, storage_of_rank] : m.map.ranks) {
+      const auto* src = static_cast<const char*>(all.at(m.buffer).at(size_t(rank)).data_ptr());
+      for (const auto& piece : storage_of_rank.pieces) {
+        const auto& box = piece.box;
+        if (box.is_empty()) continue;
+        tessera::affine::Dims i = box.origin;
+        for (;;) {
+          int64_t linear = 0;
+          for (int k = 0; k < m.map.shape.size(); ++k) linear = linear * m.map.shape[k] + i[k];
+          std::memcpy(dst + linear * es, src + piece.address_of(i) * es, size_t(es));
+          int k = box.ndim() - 1;
+          while (k >= 0 && ++i[k] == box.end(k)) i[k] = box.origin[k], --k;
+          if (k < 0) break;
+        }
+      }
+    }
+    out[m.kind + "/" + m.map.name] = full;
+  }
+  return out;
+}
+
+std::map<std::string, torch::Tensor> gathered_weights(const Engine& engine) {
+  std::map<std::string, torch::Tensor> out;
+  engine.for_each_gathered_parameter([&](const std::string& name, const at::Tensor& w) { out["gathered/" + name] = w.clone(); });
+  return out;
+}
+
+std::string precision_section(const std::string& dtype) {
+  if (dtype == "bf16") return "[bf16]\nenabled = true\n";
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Exact resume: a NaN-filled engine loads the checkpoint and continues bit for bit", "[resume]") {
+  for (int stage : {0, 1, 2, 3}) {
+    exact_resume("fp32_stage" + std::to_string(stage), [] { return gpt(); }, config(stage, ""));
+    exact_resume("bf16_stage" + std::to_string(stage), [] { return gpt(); }, config(stage, "[bf16]\nenabled = true\n"));
+  }
+  // fp16: the loss scaler's state and a skipped step (step 1 overflows on rank 0).
+  for (int stage : {1, 2})
+    exact_resume("fp16_stage" + std::to_string(stage), mlp,
+                 config(stage, "[fp16]\nenabled = true\ninitial_scale_power = 10\nloss_scale_window = 2\nhysteresis = 1\n"));
+}
+
+TEST_CASE("A bad checkpoint is refused on every rank, naming the file or tensor, and nothing changes", "[errors]") {
+  const auto dir = fresh_dir("errors");
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, ""));
+  train(*engine, t, 0, 1);
+  engine->save_checkpoint(dir, {"good"});
+  train(*engine, t, 1, 2);
+  const auto before = buffers(*engine);
+  const auto counters_before = counters(*engine);
+  const auto file0 = (fs::path(dir) / "good" / "rank0.safetensors").string();
+  auto unchanged = [&] {
+    CHECK(differing(before, buffers(*engine)).empty());
+    CHECK(counters(*engine) == counters_before);
+  };
+  auto refused = [&](const std::string& what, const std::string& expect, const std::function<void()>& load) {
+    INFO(what);
+    try {
+      load();
+      FAIL("loaded " << what);
+    } catch (const CheckpointError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(expect));
+      CHECK_THAT(e.what(), Catch::Contains("nothing was loaded"));
+    }
+    unchanged();
+    barrier();
+  };
+  auto load_good = [&] { engine->load_checkpoint(dir, {"good"}); };
+  {  // one flipped byte inside the weights
+    const auto size = fs::file_size(file0);
+    char byte = 0;
+    if (kRank == 0) {
+      std::fstream f(file0, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(std::streamoff(size - 100));
+      f.read(&byte, 1);
+      f.seekp(std::streamoff(size - 100));
+      const char flipped = char(byte ^ 0x10);
+      f.write(&flipped, 1);
+    }
+    barrier();
+    refused("a flipped byte", "do not match their hash", load_good);
+    if (kRank == 0) {
+      std::fstream f(file0, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff(size - 100));
+      f.write(&byte, 1);
+    }
+    barrier();
+  }
+  {  // truncated, then missing
+    if (kRank == 0) fs::copy_file(file0, file0 + ".keep");
+    if (kRank == 0) fs::resize_file(file0, fs::file_size(file0) - 1);
+    barrier();
+    refused("a truncated file", "truncated or replaced", load_good);
+    if (kRank == 0) fs::remove(file0);
+    barrier();
+    refused("a missing file", "rank0.safetensors: missing", load_good);
+    if (kRank == 0) fs::rename(file0 + ".keep", file0);
+    barrier();
+  }
+  refused("a directory without checkpoints", "no 'latest' file", [&] { engine->load_checkpoint(dir + "/nothing_here"); });
+  refused("an unknown tag", "not a committed checkpoint", [&] { engine->load_checkpoint(dir, {"no_such_tag"}); });
+  {  // another model's checkpoint
+    const auto other_dir = fresh_dir("errors_other_model");
+    auto other = mlp();
+    auto other_engine = engine_for(other, config(2, ""));
+    other_engine->save_checkpoint(other_dir);
+    refused("another model's checkpoint", "trainable parameters", [&] { engine->load_checkpoint(other_dir); });
+  }
+  {  // the same model in bf16: the dtypes are named
+    const auto bf16_dir = fresh_dir("errors_bf16");
+    auto same = gpt();
+    auto bf16_engine = engine_for(same, config(2, "[bf16]\nenabled = true\n"));
+    bf16_engine->save_checkpoint(bf16_dir);
+    refused("a bf16 checkpoint into fp32", "is bf16", [&] { engine->load_checkpoint(bf16_dir); });
+  }
+  // And the good one still loads: the state of the save.
+  engine->load_checkpoint(dir, {"good"});
+  CHECK(engine->global_steps() == 1);
+}
+
+TEST_CASE("Save inside a batch is refused; a bad tag is refused", "[errors]") {
+  const auto dir = fresh_dir("inside_batch");
+  auto t = gpt();
+  auto engine = engine_for(t, config(1, ""));
+  engine->backward(t.loss(0, 0));
+  engine->step();  // micro-step 1 of 2
+  CHECK_THROWS_WITH(engine->save_checkpoint(dir), Catch::Contains("inside a batch"));
+  engine->backward(t.loss(0, 1));
+  engine->step();
+  CHECK_THROWS_WITH(engine->save_checkpoint(dir, {"../escape"}), Catch::Contains("not a plain directory name"));
+  CHECK_THROWS_WITH(engine->save_checkpoint(dir, {"x", "[1, 2]"}), Catch::Contains("must be a JSON object"));
+  engine->save_checkpoint(dir, {"ok"});
+  CHECK(fs::exists(fs::path(dir) / "ok" / "manifest.json"));
+}
+
+// Saved at this launch's layout (TESSERA_CKPT_STAGE, TESSERA_CKPT_DTYPE) into TESSERA_CKPT_DIR,
+// with the reference every later layout must reproduce (reference.safetensors, rank 0).
+TEST_CASE("Save at one layout, with its reference", "[.layout_save]") {
+  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  REQUIRE(!dir.empty());
+  const int stage = std::stoi(env_or("TESSERA_CKPT_STAGE", "0"));
+  auto t = gpt();
+  auto engine = engine_for(t, config(stage, precision_section(env_or("TESSERA_CKPT_DTYPE", "fp32"))));
+  train(*engine, t, 0, 3);
+  engine->save_checkpoint(dir);
+  auto reference = materialize(*engine);
+  for (auto& [name, w] : gathered_weights(*engine)) reference[name] = w;
+  if (kRank == 0) {
+    std::vector<std::pair<std::string, at::Tensor>> tensors(reference.begin(), reference.end());
+    tessera::io::write_safetensors(dir + "/reference.safetensors", tensors);
+  }
+  barrier();
+}
+
+TEST_CASE("Load at another layout: every stored tensor bitwise", "[.layout_load]") {
+  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  REQUIRE(!dir.empty());
+  const int stage = std::stoi(env_or("TESSERA_CKPT_STAGE", "0"));
+  auto t = gpt(123);  // another initialisation: everything must come from the checkpoint
+  auto engine = engine_for(t, config(stage, precision_section(env_or("TESSERA_CKPT_DTYPE", "fp32"))));
+  fill_nan(*engine);
+  engine->load_checkpoint(dir);
+  CHECK(engine->global_steps() == 3);
+  const tessera::io::SafetensorsFile reference(dir + "/reference.safetensors");
+  auto mine = materialize(*engine);
+  for (auto& [name, w] : gathered_weights(*engine)) mine[name] = w;
+  int compared = 0;
+  for (const auto& [name, tensor] : mine) {
+    INFO(name);
+    REQUIRE(reference.contains(name));  // the same kinds at every layout of one precision
+    CHECK(torch::equal(reference.read(name).view(torch::kByte), tensor.view(torch::kByte)));
+    ++compared;
+  }
+  CHECK(compared == int(reference.header().tensors.size()));
+  // Training goes on from there.
+  train(*engine, t, 3, 4);
+  CHECK(engine->global_steps() == 4);
+  for (const auto& [name, w] : gathered_weights(*engine)) CHECK(torch::isfinite(w).all().item<bool>());
+}
