@@ -123,11 +123,20 @@ struct Stage3Stats {
   Stage3FetchCounts scope, forward_no_grad, forward, backward;
 };
 
+// The points of a save a test may stop at (kill -9 there must leave the last checkpoint intact).
+enum class SavePoint : uint8_t {
+  rank_file_written,  // every rank, its file synced in the partial directory
+  manifest_written,   // rank 0, the manifest synced, before the directory's rename
+  committed,          // rank 0, the tag renamed into place, before `latest`
+  latest_written,     // rank 0, `latest` replaced
+};
+
 // save_checkpoint's arguments (DeepSpeed's, by name).
 struct CheckpointSaveOptions {
   std::string tag;                  // the tag directory's name; empty: "global_step<N>"
   std::string client_state = "{}";  // a JSON object saved with the checkpoint, returned by load
   bool save_latest = true;          // point DIR/latest at this tag
+  std::function<void(SavePoint)> at_point_for_testing;
 };
 
 // load_checkpoint's arguments (DeepSpeed's, by name).

@@ -112,6 +112,9 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
   if (!client.is_object()) throw CheckpointError("save_checkpoint: client_state must be a JSON object");
   auto* comm = s.control_comm();
   const int rank = s.spec->rank, world = s.spec->world;
+  auto reached = [&](SavePoint point) {
+    if (options.at_point_for_testing) options.at_point_for_testing(point);
+  };
 
   // 1. Agree on the tag and the partial directory (rank 0's nonce); rank 0 clears leftovers first.
   std::string error;
@@ -148,6 +151,7 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
     const auto file = write_rank_file((fs::path(partial) / ("rank" + std::to_string(rank) + ".safetensors")).string(), rank,
                                       storage, layout, aliases);
     entry = json{{"file", json::parse(checkpoint::to_json(file))}, {"aliases", aliases_json(aliases)}}.dump();
+    reached(SavePoint::rank_file_written);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -183,8 +187,11 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
       m.config = config::to_json(s.config);
       const auto text = checkpoint::to_json(m);
       io::detail::write_file_atomically((fs::path(partial) / checkpoint::kManifestName).string(), {{text.data(), text.size()}});
+      reached(SavePoint::manifest_written);
       checkpoint::commit_tag(dir, partial, tag);
+      reached(SavePoint::committed);
       if (options.save_latest) checkpoint::write_latest(dir, tag);
+      reached(SavePoint::latest_written);
     } catch (const std::exception& e) {
       failure = std::string("rank 0: ") + e.what();
     }

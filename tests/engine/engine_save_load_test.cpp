@@ -13,6 +13,9 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -398,4 +401,53 @@ TEST_CASE("Load at another layout: every stored tensor bitwise", "[.layout_load]
   train(*engine, t, 3, 4);
   CHECK(engine->global_steps() == 4);
   for (const auto& [name, w] : gathered_weights(*engine)) CHECK(torch::isfinite(w).all().item<bool>());
+}
+
+// kill -9 of one rank at TESSERA_KILL_POINT of the second save (save_load_kill.py): the launcher
+// then ends the others. [.kill_check] (fresh processes) must find the first checkpoint intact, or
+// the second one whole where the kill came after its commit.
+TEST_CASE("A save killed at a given point", "[.kill_save]") {
+  const std::string dir = env_or("TESSERA_CKPT_DIR", ""), point = env_or("TESSERA_KILL_POINT", "");
+  const int kill_rank = std::stoi(env_or("TESSERA_KILL_RANK", "0"));
+  REQUIRE(!dir.empty());
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, ""));
+  train(*engine, t, 0, 1);
+  engine->save_checkpoint(dir, {"first"});
+  train(*engine, t, 1, 2);
+  tessera::CheckpointSaveOptions options{"second"};
+  options.at_point_for_testing = [&](tessera::SavePoint p) {
+    static const std::map<std::string, tessera::SavePoint> points{
+        {"rank_file_written", tessera::SavePoint::rank_file_written},
+        {"manifest_written", tessera::SavePoint::manifest_written},
+        {"committed", tessera::SavePoint::committed},
+        {"latest_written", tessera::SavePoint::latest_written}};
+    if (kRank == kill_rank && points.at(point) == p) ::kill(::getpid(), SIGKILL);
+  };
+  engine->save_checkpoint(dir, options);
+  FAIL("rank " << kRank << " returned from the save it was to be killed in");
+}
+
+TEST_CASE("After a killed save", "[.kill_check]") {
+  const std::string dir = env_or("TESSERA_CKPT_DIR", ""), point = env_or("TESSERA_KILL_POINT", "");
+  REQUIRE(!dir.empty());
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, ""));
+  const auto loaded = engine->load_checkpoint(dir);
+  const bool second_is_latest = point == "latest_written";
+  CHECK(loaded.tag == (second_is_latest ? "second" : "first"));
+  CHECK(engine->global_steps() == (second_is_latest ? 2 : 1));
+  const bool second_committed = point == "committed" || point == "latest_written";
+  CHECK(fs::exists(fs::path(dir) / "second" / "manifest.json") == second_committed);
+  if (second_committed) {  // whole: it loads by its tag
+    engine->load_checkpoint(dir, {"second"});
+    CHECK(engine->global_steps() == 2);
+  }
+  // The next save clears what the killed one left, and commits.
+  train(*engine, t, 2, 3);
+  engine->save_checkpoint(dir, {"third"});
+  barrier();
+  for (const auto& entry : fs::directory_iterator(dir))
+    CHECK(entry.path().filename().string().find(".partial-") == std::string::npos);
+  CHECK(engine->load_checkpoint(dir).tag == "third");
 }
