@@ -1,4 +1,4 @@
-// `tessera`: the command-line entry point (doctor, config, affine).
+// `tessera`: the command-line entry point (doctor, config, affine, checkpoint).
 #include <CLI/CLI.hpp>
 
 #include <exception>
@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_doctor_command(app);
   tessera::cli::add_config_commands(app);
   tessera::cli::add_affine_commands(app);
+  tessera::cli::add_checkpoint_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
