@@ -6,6 +6,9 @@
 //       --model-config configs/models/tiny-qwen3 --save-dir out/tiny-qwen3
 //   tools/tessera-launch --nproc-per-node 2 build/examples/train_lm/train_lm --config examples/train_lm/train_lm.toml \
 //       --zero-stage 3          # train_lm.toml's stage is "auto": --zero-stage picks it (default 2)
+//   ... --checkpoint-dir out/ckpt --save-every 10        # then, at another world size and stage:
+//   tools/tessera-launch --nproc-per-node 1 build/examples/train_lm/train_lm ... --zero-stage 3 --micro-batch 16 \
+//       --checkpoint-dir out/ckpt --resume --steps 40    # --steps is the total; same global batch, same data
 //
 // One training step, top to bottom (B = micro batch per rank, T = context, V = 256 bytes):
 //   tokens, targets [B, T] int64   <- ByteCorpus::batch(seed, step, micro, B * world, T, rank, world)
@@ -96,6 +99,16 @@ int main(int argc, char** argv) {
   app.add_option("--model-config", hf_config, "a Llama/Qwen2/Qwen3 config.json (or its directory) instead of TinyGpt");
   app.add_option("--init-weights", init_weights, "start from this Hugging Face weight directory (with --model-config)");
   app.add_option("--save-dir", save_dir, "rank 0 writes the trained model here as a Hugging Face directory (with --model-config)");
+  std::string checkpoint_dir;
+  int save_every = 0;
+  bool resume = false;
+  app.add_option("--checkpoint-dir", checkpoint_dir, "save checkpoints here (every --save-every steps and at the end)");
+  app.add_option("--save-every", save_every, "save a checkpoint every N steps (with --checkpoint-dir)")->check(CLI::NonNegativeNumber);
+  int stop_at = 0;
+  app.add_option("--stop-at", stop_at, "stop after this step, as a preempted run would (the schedule stays --steps')")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--resume", resume, "continue from --checkpoint-dir's latest checkpoint (at any world size and stage); "
+               "--steps is the total");
   app.add_option("--log-every", log_every, "print a line every N steps (default: the config's steps_per_print, 1 on a terminal)");
   // What fills the other "auto" values (a Hugging Face-style all-auto DeepSpeed JSON works as is);
   // an explicit value in the config wins, as with the Trainer.
@@ -168,7 +181,24 @@ int main(int argc, char** argv) {
       groups.emplace_back(vectors, adamw(0.0));
       options.optimizer = std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(lr));
     }
+    if ((resume || save_every) && checkpoint_dir.empty()) throw tessera::ConfigError("--resume and --save-every need --checkpoint-dir");
     auto engine = tessera::initialize(model.module(), config, options).engine;
+    // Resuming: the data order is a function of (seed, step), so the run continues as if never stopped.
+    if (resume) {
+      const auto loaded = engine->load_checkpoint(checkpoint_dir);
+      if (rank == 0)
+        std::printf("resumed from %s at step %lld\n", loaded.path.c_str(), static_cast<long long>(engine->global_steps()));
+      if (engine->global_steps() >= steps) {
+        if (rank == 0)
+          std::printf("already at step %lld of %d: nothing to train\n", static_cast<long long>(engine->global_steps()), steps);
+        return 0;
+      }
+    }
+    const int first_step = int(engine->global_steps());
+    auto save = [&](int done) {
+      const auto path = engine->save_checkpoint(checkpoint_dir);
+      if (rank == 0) std::printf("%ssaved checkpoint %s (step %d)\n", isatty(STDOUT_FILENO) ? "\n" : "", path.c_str(), done);
+    };
     const auto& resolved = engine->config();
     if (resolved.fp16.enabled.value)
       throw tessera::Error(config_path +
@@ -189,14 +219,15 @@ int main(int argc, char** argv) {
                   static_cast<long long>(accumulation),
                   resolved.bf16.enabled.value ? "bf16" : resolved.fp16.enabled.value ? "fp16" : "fp32");
       if (!csv_path.empty()) {
-        csv.open(csv_path);
-        csv << "step,loss,lr,loss_scale,tokens_per_second,elapsed_s\n";
+        csv.open(csv_path, first_step > 0 ? std::ios::app : std::ios::trunc);  // a resumed run continues its curve
+        if (first_step == 0) csv << "step,loss,lr,loss_scale,tokens_per_second,elapsed_s\n";
       }
     }
     const auto start = std::chrono::steady_clock::now();
     auto last = start;
     const int64_t tokens_per_step = micro * accumulation * world * model_config.context;
-    for (int step = 0; step < steps; ++step) {
+    const int last_step = stop_at > 0 ? std::min(stop_at, steps) : steps;
+    for (int step = first_step; step < last_step; ++step) {
       const double lr_now = engine->get_lr();
       const double scale_now = engine->loss_scale();
       double loss_sum = 0;
@@ -213,6 +244,7 @@ int main(int argc, char** argv) {
       last = now;
       const double loss = loss_sum / double(accumulation);
       const double tokens_per_s = tokens_per_step / std::max(step_s, 1e-9);
+      if (!checkpoint_dir.empty() && ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == last_step)) save(step + 1);
       if (rank != 0) continue;
       if (csv.is_open()) csv << step + 1 << "," << loss << "," << lr_now << "," << scale_now << "," << tokens_per_s << "," << elapsed << "\n";
       if ((step + 1) % log_every == 0 || step + 1 == steps) {
