@@ -40,8 +40,11 @@ std::string nonce() {
 checkpoint::RankFile write_rank_file(const std::string& path, int rank, const EngineStorage& storage,
                                      const checkpoint::SaveLayout& layout, const checkpoint::RankAliases& aliases) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& [key, t] : storage.buffers)
-    if (t.defined() && layout.writes(rank, key, aliases)) tensors.push_back({key, t.reshape({t.numel()})});
+  for (const auto& [key, t] : storage.buffers) {
+    if (!t.defined()) continue;
+    const auto range = layout.written_range(rank, key, t.numel(), aliases);
+    if (range) tensors.push_back({key, t.reshape({t.numel()}).narrow(0, range->first, range->second - range->first)});
+  }
   io::write_safetensors(path, tensors, {{"format", "tessera.checkpoint.rank"}, {"rank", std::to_string(rank)}});
   const io::SafetensorsFile file(path);
   checkpoint::RankFile entry;

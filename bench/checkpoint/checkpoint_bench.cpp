@@ -1,0 +1,168 @@
+// checkpoint_bench: save and load throughput per rank as a ratio to raw sequential I/O of the same
+// bytes on the same disk, in the same run. Run under tessera-launch (every rank measures its own):
+//   tools/tessera-launch --nproc-per-node 2 build/bench/checkpoint/checkpoint_bench --mib 512 --dir /var/tmp/ckb
+// A model of --mib MiB of fp32 weights (an MLP of width --width) trains one AdamW step at --stage,
+// then, --repeats times (best kept):
+//   raw_write  this rank's checkpoint file's bytes written sequentially from memory + fsync
+//   save       Engine::save_checkpoint (XXH3 of every chunk and file, fsync, commit)
+//   raw_read   that raw file read sequentially after dropping its pages (posix_fadvise DONTNEED on
+//              clean, synced pages: the disk is measured, not memory)
+//   load       Engine::load_checkpoint at the same layout after dropping the checkpoint's pages
+//   load_other load into an engine at --other-stage (another layout), pages dropped likewise
+// One JSON line each with seconds, MiB/s and ratio_to_raw (raw seconds / seconds; 1.0 = as fast as
+// raw I/O), plus peak RSS. Checkpoints go to --dir (use a real disk, not tmpfs).
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <vector>
+
+#include "actors/engine/engine.h"
+#include "bench/common/commit.h"
+#include "core/config/load.h"
+#include "transport/launch_env.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void drop_pages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void drop_tree(const std::string& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) drop_pages(e.path().string());
+}
+
+// The same bytes as the rank's checkpoint file (read into memory first, untimed): some disks
+// compress or deduplicate, so a pattern would not be an honest baseline.
+double raw_write(const std::string& path, const std::vector<char>& bytes) {
+  const auto t = Clock::now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  for (size_t done = 0; done < bytes.size();) {
+    const auto n = ::write(fd, bytes.data() + done, std::min<size_t>(size_t(64) << 20, bytes.size() - done));
+    if (n <= 0) throw std::runtime_error("raw write failed");
+    done += size_t(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  return since(t);
+}
+
+std::vector<char> file_bytes_of(const std::string& path) {
+  std::vector<char> out(fs::file_size(path));
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  for (size_t at = 0; at < out.size();) {
+    const auto n = ::pread(fd, out.data() + at, out.size() - at, off_t(at));
+    if (n <= 0) break;
+    at += size_t(n);
+  }
+  ::close(fd);
+  return out;
+}
+
+double raw_read(const std::string& path) {
+  drop_pages(path);
+  std::vector<char> block(size_t(1) << 20);
+  const auto t = Clock::now();
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  off_t at = 0;
+  for (ssize_t n; (n = ::pread(fd, block.data(), block.size(), at)) > 0;) at += n;
+  ::close(fd);
+  return since(t);
+}
+
+// Linear layers in a Sequential (ZeRO-3 sees each entry as a unit).
+torch::nn::Sequential mlp(int64_t width, int64_t layers) {
+  torch::manual_seed(1);
+  torch::nn::Sequential m;
+  for (int64_t i = 0; i < layers; ++i) m->push_back(torch::nn::Linear(width, width));
+  return m;
+}
+
+std::string toml(int stage) {
+  return "train_micro_batch_size_per_gpu = 4\n[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 1e-3\n"
+         "[zero_optimization]\nstage = " + std::to_string(stage) + "\n[tessera.transport]\ncollective_timeout_ms = 600000\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Checkpoint save/load throughput against raw sequential I/O"};
+  int64_t mib = 256, width = 2048;
+  int stage = 2, other_stage = 3, repeats = 3;
+  std::string dir = "/var/tmp/tessera_checkpoint_bench";
+  app.add_option("--mib", mib, "MiB of fp32 weights (the states add twice that, the masters alias them)");
+  app.add_option("--width", width, "MLP width");
+  app.add_option("--stage", stage, "ZeRO stage saved at")->check(CLI::Range(0, 3));
+  app.add_option("--other-stage", other_stage, "ZeRO stage of the other layout loaded into")->check(CLI::Range(0, 3));
+  app.add_option("--repeats", repeats, "rounds (best kept)");
+  app.add_option("--dir", dir, "where checkpoints and the raw files go (a real disk)");
+  CLI11_PARSE(app, argc, argv);
+  const auto env = tessera::transport::LaunchEnv::from_env();
+  const int64_t layers = std::max<int64_t>(1, (mib << 20) / (width * width * 4));
+  auto model = mlp(width, layers);
+  auto engine = tessera::initialize(model.ptr(), tessera::config::load_config_text(toml(stage), tessera::config::Format::toml, "bench")).engine;
+  auto x = torch::randn({4, width});
+  engine->backward(model->forward(x).pow(2).mean());
+  engine->step();
+  const std::string root = dir + "/" + env.job;
+  if (env.rank == 0) fs::remove_all(root);
+  fs::create_directories(root);
+  auto other_model = mlp(width, layers);
+  auto other = tessera::initialize(other_model.ptr(), tessera::config::load_config_text(toml(other_stage), tessera::config::Format::toml, "bench2")).engine;
+  double best_save = 1e300, best_load = 1e300, best_other = 1e300, best_raw_w = 1e300, best_raw_r = 1e300;
+  int64_t file_bytes = 0;
+  const std::string raw_path = root + "/raw_rank" + std::to_string(env.rank);
+  for (int i = 0; i < repeats; ++i) {
+    auto t = Clock::now();
+    const auto path = engine->save_checkpoint(root, {"bench"});
+    best_save = std::min(best_save, since(t));
+    const auto rank_file = path + "/rank" + std::to_string(env.rank) + ".safetensors";
+    file_bytes = int64_t(fs::file_size(rank_file));
+    // A new file each round, the last one removed, as a save replaces its tag: fresh blocks both.
+    const auto raw_now = raw_path + "." + std::to_string(i);
+    best_raw_w = std::min(best_raw_w, raw_write(raw_now, file_bytes_of(rank_file)));
+    if (i > 0) fs::remove(raw_path + "." + std::to_string(i - 1));
+    best_raw_r = std::min(best_raw_r, raw_read(raw_now));
+    drop_tree(path);
+    t = Clock::now();
+    engine->load_checkpoint(root, {"bench"});
+    best_load = std::min(best_load, since(t));
+    drop_tree(path);
+    t = Clock::now();
+    other->load_checkpoint(root, {"bench"});
+    best_other = std::min(best_other, since(t));
+  }
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  const double mb = double(file_bytes) / (1 << 20);
+  auto line = [&](const char* mode, double s, double raw) {
+    std::printf("{\"bench\": \"checkpoint\", \"mode\": \"%s\", \"rank\": %d, \"world\": %d, \"stage\": %d, \"other_stage\": %d, "
+                "\"rank_file_mib\": %.1f, \"seconds\": %.4f, \"mib_per_s\": %.1f, \"ratio_to_raw\": %.3f, "
+                "\"peak_rss_mib\": %.0f, \"commit\": \"%s\"}\n",
+                mode, env.rank, env.world_size, stage, other_stage, mb, s, mb / s, raw / s, usage.ru_maxrss / 1024.0,
+                tessera::bench::commit().c_str());
+  };
+  line("raw_write", best_raw_w, best_raw_w);
+  line("save", best_save, best_raw_w);
+  line("raw_read", best_raw_r, best_raw_r);
+  line("load", best_load, best_raw_r);
+  line("load_other_layout", best_other, best_load);  // ratio: same-layout load seconds / other-layout seconds
+  if (env.rank == 0) fs::remove_all(root);
+  return 0;
+}
