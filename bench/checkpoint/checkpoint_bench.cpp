@@ -2,7 +2,7 @@
 // bytes on the same disk, in the same run. Run under tessera-launch (every rank measures its own):
 //   tools/tessera-launch --nproc-per-node 2 build/bench/checkpoint/checkpoint_bench --mib 512 --dir /var/tmp/ckb
 // A model of --mib MiB of fp32 weights (an MLP of width --width) trains one AdamW step at --stage,
-// then, --repeats times (best kept):
+// then, --repeats rounds (medians reported):
 //   raw_write  this rank's checkpoint file's bytes written sequentially from memory + fsync
 //   save       Engine::save_checkpoint (XXH3 of every chunk and file, fsync, commit)
 //   raw_read   that raw file read sequentially after dropping its pages (posix_fadvise DONTNEED on
@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -110,7 +111,7 @@ int main(int argc, char** argv) {
   app.add_option("--width", width, "MLP width");
   app.add_option("--stage", stage, "ZeRO stage saved at")->check(CLI::Range(0, 3));
   app.add_option("--other-stage", other_stage, "ZeRO stage of the other layout loaded into")->check(CLI::Range(0, 3));
-  app.add_option("--repeats", repeats, "rounds (best kept)");
+  app.add_option("--repeats", repeats, "rounds (medians reported)");
   app.add_option("--dir", dir, "where checkpoints and the raw files go (a real disk)");
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
@@ -125,29 +126,42 @@ int main(int argc, char** argv) {
   fs::create_directories(root);
   auto other_model = mlp(width, layers);
   auto other = tessera::initialize(other_model.ptr(), tessera::config::load_config_text(toml(other_stage), tessera::config::Format::toml, "bench2")).engine;
-  double best_save = 1e300, best_load = 1e300, best_other = 1e300, best_raw_w = 1e300, best_raw_r = 1e300;
+  std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s;
   int64_t file_bytes = 0;
   const std::string raw_path = root + "/raw_rank" + std::to_string(env.rank);
+  engine->save_checkpoint(root, {"bench"});  // a first save: the file's size and bytes for the raw baseline
+  const auto rank_file = root + "/bench/rank" + std::to_string(env.rank) + ".safetensors";
+  file_bytes = int64_t(fs::file_size(rank_file));
+  const auto bytes = file_bytes_of(rank_file);
   for (int i = 0; i < repeats; ++i) {
-    auto t = Clock::now();
-    const auto path = engine->save_checkpoint(root, {"bench"});
-    best_save = std::min(best_save, since(t));
-    const auto rank_file = path + "/rank" + std::to_string(env.rank) + ".safetensors";
-    file_bytes = int64_t(fs::file_size(rank_file));
-    // A new file each round, the last one removed, as a save replaces its tag: fresh blocks both.
+    // The disk's state drifts (its caches, the blocks just freed): raw and save alternate who goes
+    // first, each writes fresh blocks, and medians are reported.
     const auto raw_now = raw_path + "." + std::to_string(i);
-    best_raw_w = std::min(best_raw_w, raw_write(raw_now, file_bytes_of(rank_file)));
+    auto raw = [&] { raw_w_s.push_back(raw_write(raw_now, bytes)); };
+    auto save = [&] {
+      const auto t = Clock::now();
+      engine->save_checkpoint(root, {"bench"});
+      save_s.push_back(since(t));
+    };
+    if (i % 2) raw(), save();
+    else save(), raw();
     if (i > 0) fs::remove(raw_path + "." + std::to_string(i - 1));
-    best_raw_r = std::min(best_raw_r, raw_read(raw_now));
-    drop_tree(path);
-    t = Clock::now();
+    raw_r_s.push_back(raw_read(raw_now));
+    drop_tree(root + "/bench");
+    auto t = Clock::now();
     engine->load_checkpoint(root, {"bench"});
-    best_load = std::min(best_load, since(t));
-    drop_tree(path);
+    load_s.push_back(since(t));
+    drop_tree(root + "/bench");
     t = Clock::now();
     other->load_checkpoint(root, {"bench"});
-    best_other = std::min(best_other, since(t));
+    other_s.push_back(since(t));
   }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double best_save = median(save_s), best_load = median(load_s), best_other = median(other_s);
+  const double best_raw_w = median(raw_w_s), best_raw_r = median(raw_r_s);
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
   const double mb = double(file_bytes) / (1 << 20);
