@@ -83,6 +83,17 @@ TEST_CASE("config check passes Transformers' ZeRO-3 test file, the 16-bit save f
   CHECK(r.exit_code == 0);
 }
 
+TEST_CASE("config check accepts Transformers' ZeRO-3 test file with zero bucket sizes", "[config][cli]") {
+  // tests/deepspeed/ds_config_zero3.json of huggingface/transformers: DeepSpeed takes
+  // reduce_bucket_size 0 (ge=0), and so must tessera.
+  const Run r = run("config check " + src("configs/deepspeed/hf_tests_ds_config_zero3_zero_buckets.json"));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("valid DeepSpeed JSON configuration"));
+  CHECK_THAT(r.output, Catch::Contains("zero_optimization.reduce_bucket_size = 0"));
+  CHECK_THAT(r.output, Catch::Contains("zero_optimization.stage3_prefetch_bucket_size = 0"));
+}
+
 TEST_CASE("config check lists ignored and not-yet-supported keys without failing", "[config][cli]") {
   Run r = run("config check " + src("configs/deepspeed/zeropp.json"));
   INFO(r.output);
