@@ -115,7 +115,19 @@ TEST_CASE("Keys tessera does not implement are refused by name, not ignored", "[
   const auto& qwen2 = family_configs()[1].second;
   refused(replace(qwen2, R"("use_sliding_window": false)", R"("use_sliding_window": true)"), "use_sliding_window");
   refused(replace(qwen2, R"("hidden_act": "silu")", R"("hidden_act": "silu", "attention_bias": false)"),
-          "attention_bias");
+          "attention_bias: false, but Qwen2's q/k/v projections always have a bias");
+  refused(replace(qwen2, R"("hidden_act": "silu")", R"("hidden_act": "silu", "attention_bias": "yes")"),
+          "attention_bias: expected true or false");
+}
+
+TEST_CASE("Qwen2 with attention_bias true (as some exports write it): the q/k/v biases, none on o", "[nn][decoder]") {
+  const auto& qwen2 = family_configs()[1].second;
+  const auto c = parse_decoder_config(replace(qwen2, R"("hidden_act": "silu")", R"("hidden_act": "silu", "attention_bias": true)"),
+                                      "dir/config.json");
+  CHECK(c.qkv_bias);
+  CHECK_FALSE(c.o_bias);
+  // The same model as without the key (Qwen2 configs are written back without it).
+  CHECK(decoder_config_json(c) == decoder_config_json(parse_decoder_config(qwen2, "dir/config.json")));
 }
 
 TEST_CASE("TP shards of every weight reassemble the whole model; KV heads replicated past KV", "[nn][decoder][tp]") {
