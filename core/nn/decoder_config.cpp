@@ -212,6 +212,11 @@ DecoderConfig parse_decoder_config(const std::string& json_text, const std::stri
 DecoderConfig load_decoder_config(const std::string& path) {
   std::filesystem::path p(path);
   if (std::filesystem::is_directory(p)) p /= "config.json";
+  // Only a regular file: opening a FIFO would block until a writer comes.
+  std::error_code error;
+  const auto status = std::filesystem::status(p, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    throw ConfigError(p.string() + ": not a regular file; the model config is read from a regular file only");
   std::ifstream in(p, std::ios::binary);
   if (!in) throw ConfigError(p.string() + ": cannot open the model config");
   std::ostringstream text;
