@@ -128,7 +128,7 @@ std::shared_ptr<const zero::ShardingPlan> sharding_plan(const actors::EngineSett
   zero::ShardingPlanOptions options;
   options.stage = settings.stage;
   options.world = size;
-  options.bucket_elements = std::max<int64_t>(1, settings.reduce_bucket_elements);
+  options.bucket_elements = settings.reduce_bucket_elements;  // 0: one bucket per parameter, as DeepSpeed
   options.sub_group_elements = std::max<int64_t>(1, settings.sub_group_elements);
   options.persistence_threshold = settings.persistence_threshold;
   return std::make_shared<const zero::ShardingPlan>(planned, options);

@@ -87,6 +87,10 @@ std::unique_ptr<RolloutEngine> RolloutEngine::create(const RolloutOptions& optio
     rank = env.rank, size = env.world_size;
   }
   nn::check_tp_size(config, size);  // before anyone connects: every rank fails alike
+  // The weights' headers against the config, before the model is allocated: a config.json far
+  // bigger than its weights is an error naming the tensor, not an allocator failure.
+  // load_weights opens the directory again (headers only) and agrees on the outcome across ranks.
+  if (!options.model_dir.empty()) nn::check_decoder_weights(config, io::WeightDirectory(options.model_dir));
   if (!group && size > 1) {
     transport::CommunicatorOptions co;
     co.name = actors::next_communicator_name("rollout") + ".tp";

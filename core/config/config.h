@@ -205,10 +205,10 @@ struct LeafModuleConfig {
 struct ZeroConfig {
   Auto<std::int64_t> stage = 0;
   bool allgather_partitions = true;
-  std::int64_t allgather_bucket_size = 500'000'000;  // elements
+  std::int64_t allgather_bucket_size = 500'000'000;  // elements; unused: partitions are gathered whole
   bool overlap_comm = false;                         // default true with stage 3 (DeepSpeed's rule)
   bool reduce_scatter = true;
-  Auto<std::int64_t> reduce_bucket_size = 500'000'000;  // elements; auto = h*h
+  Auto<std::int64_t> reduce_bucket_size = 500'000'000;  // elements; auto = h*h; 0 = one bucket per parameter
   bool contiguous_gradients = true;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
@@ -263,7 +263,7 @@ struct PartitionConfig {
   TESSERA_CONFIG_EQ(PartitionConfig)
 };
 
-// tensor_parallel: AutoTP training (ZeRO stages 0-2). autotp_size 1 = no tensor parallelism.
+// tensor_parallel: AutoTP training (ZeRO stages 0-2). autotp_size 0 or 1 = no tensor parallelism (0 is DeepSpeed's default).
 struct TensorParallelConfig {
   std::int64_t autotp_size = 1;
   std::string preset_model;  // "" or llama | bloom | chatglm | mixtral | deepseek_v2 | qwen2 | phi3
@@ -324,7 +324,7 @@ struct Config {
   Auto<std::int64_t> train_batch_size = 0;
   Auto<std::int64_t> train_micro_batch_size_per_gpu = 0;
   Auto<std::int64_t> gradient_accumulation_steps = 0;
-  Auto<double> gradient_clipping = 0.0;  // 0 = no clipping
+  Auto<double> gradient_clipping = 0.0;  // <= 0 = no clipping (DeepSpeed clips above 0)
   std::int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
   Fp16Config fp16;

@@ -1,5 +1,6 @@
 #include "core/config/resolve_auto.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/config/detail/errors.h"
@@ -203,7 +204,8 @@ class Resolver {
       if (!known(g) && g.is_auto) missing(kG, fact_for(kG));
       return;
     }
-    const std::int64_t world = *facts_.world_size, tp = c_.tensor_parallel.autotp_size;
+    // autotp_size 0 is DeepSpeed's "disabled", as 1 is.
+    const std::int64_t world = *facts_.world_size, tp = std::max<std::int64_t>(1, c_.tensor_parallel.autotp_size);
     if (world < 1 || tp < 1 || world % tp != 0) {
       errors_.add("tensor_parallel.autotp_size", 0, "the world size " + std::to_string(world) +
                                                         " is not a multiple of autotp_size " + std::to_string(tp));

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <sstream>
+#include <tuple>
 
 #include "core/config/detail/enum_names.h"
 #include "core/config/detail/errors.h"
@@ -77,19 +79,36 @@ class Checker {
         error(key, "expected a positive integer, got " + std::to_string(value->value));
       }
     }
-    at_least("gradient_clipping", c_.gradient_clipping, 0.0);
+    // gradient_clipping: any number, as in DeepSpeed, which clips only when it is > 0 (so 0 and
+    // negative values turn clipping off; the engine does the same).
+    // steps_per_print: DeepSpeed takes any integer but divides the step count by it (0 fails there).
     at_least("steps_per_print", c_.steps_per_print, std::int64_t{1});
   }
 
   void precision() {
+    // Ranges as DeepSpeed's DeepSpeedFP16Config checks them: loss_scale >= 0 and finite (0 =
+    // dynamic); loss_scale_window > 0 and min_loss_scale > 0 only when dynamic scaling is on;
+    // initial_scale_power and hysteresis any integer. (DeepSpeed also types min_loss_scale as an
+    // integer; tessera keeps a fractional floor such as 1e-5, which its loss scaler honours.)
     const Fp16Config& f = c_.fp16;
-    at_least("fp16.loss_scale", f.loss_scale, 0.0);
-    at_least("fp16.initial_scale_power", f.initial_scale_power, std::int64_t{0});
-    if (f.initial_scale_power > 63) error("fp16.initial_scale_power", "expected at most 63 (2^63 overflows), got " + std::to_string(f.initial_scale_power));
-    at_least("fp16.loss_scale_window", f.loss_scale_window, std::int64_t{1});
-    at_least("fp16.hysteresis", f.hysteresis, std::int64_t{1});
-    at_least("fp16.min_loss_scale", f.min_loss_scale, 0.0, true);
+    if (!(f.loss_scale >= 0.0) || !std::isfinite(f.loss_scale)) {
+      error("fp16.loss_scale", "expected a finite number >= 0 (0 = dynamic loss scaling), got " + num(f.loss_scale));
+    }
+    // initial_scale_power: DeepSpeed computes 2^p for any integer (a negative p is a scale below 1
+    // there too); tessera keeps 2^p a positive double, and at most 2^63 (DeepSpeed multiplies the
+    // loss by the Python integer 2^p, which torch cannot take beyond 64 bits).
+    if (f.initial_scale_power < -1074 || f.initial_scale_power > 63) {
+      error("fp16.initial_scale_power", "expected an integer in [-1074, 63] (the initial loss scale 2^p must be a positive "
+                                        "double of at most 2^63), got " + std::to_string(f.initial_scale_power));
+    }
+    // hysteresis: any integer. DeepSpeed lowers the scale only when the hysteresis left is 1, so
+    // with hysteresis <= 0 an overflow skips the step and never lowers the scale (the engine's
+    // loss scaler does the same).
     const bool fp16_on = !f.enabled.is_auto && f.enabled.value;
+    if (fp16_on && f.loss_scale == 0.0) {  // with "auto", checked again once resolve_auto knows
+      at_least("fp16.loss_scale_window", f.loss_scale_window, std::int64_t{1});
+      at_least("fp16.min_loss_scale", f.min_loss_scale, 0.0, true);
+    }
     const bool bf16_on = !c_.bf16.enabled.is_auto && c_.bf16.enabled.value;
     if (fp16_on && bf16_on) error("bf16.enabled", "fp16.enabled and bf16.enabled are both true; enable one of them");
     const TorchAutocastConfig& a = c_.torch_autocast;
@@ -185,18 +204,31 @@ class Checker {
       error(p + "stage", "expected 0, 1, 2 or 3, got " + std::to_string(z.stage.value));
       return;
     }
-    at_least(p + "allgather_bucket_size", z.allgather_bucket_size, std::int64_t{1});
-    at_least(p + "reduce_bucket_size", z.reduce_bucket_size, std::int64_t{1});
-    at_least(p + "sub_group_size", z.sub_group_size, std::int64_t{0});
-    at_least(p + "stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, std::int64_t{0});
-    at_least(p + "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, std::int64_t{0});
-    at_least(p + "stage3_max_live_parameters", z.stage3_max_live_parameters, std::int64_t{0});
-    at_least(p + "stage3_max_reuse_distance", z.stage3_max_reuse_distance, std::int64_t{0});
-    at_least(p + "offload_optimizer.buffer_count", z.offload_optimizer.buffer_count, std::int64_t{1});
-    at_least(p + "offload_param.buffer_count", z.offload_param.buffer_count, std::int64_t{1});
-    at_least(p + "offload_param.buffer_size", z.offload_param.buffer_size, std::int64_t{1});
-    at_least(p + "offload_param.max_in_cpu", z.offload_param.max_in_cpu, std::int64_t{0});
-    at_least(p + "zero_hpz_partition_size", z.zero_hpz_partition_size, std::int64_t{1});
+    // Every size here is ge=0 in DeepSpeed's DeepSpeedZeroConfig and offload configs. What 0 means:
+    //   reduce_bucket_size 0: DeepSpeed reduces each gradient on its own (every parameter exceeds
+    //     the bucket); the engine cuts one bucket per parameter (zero/bucket_plan.h).
+    //   allgather_bucket_size: DeepSpeed gathers each partition whole (all_gather_into_tensor) and
+    //     reads this size only on torch without it; tessera gathers partitions whole, so no value changes anything.
+    //   stage3_*: no prefetch, no persistent parameter, nothing gathered beyond the unit in use,
+    //     no reuse, in both.
+    //   sub_group_size 0: DeepSpeed steps each parameter alone at stage 3 (stages 1-2 ignore it);
+    //     the engine steps runs of one element: the same results, slowly. NOTE(issue 21): cut
+    //     sub-groups at parameters for DeepSpeed's speed.
+    //   zero_hpz_partition_size 0 or 1: no secondary partition (ZeRO++ hpZ starts at 2).
+    //   offload_*: buffer counts and sizes of offload, which the engine does not have yet.
+    const std::int64_t zero_size = 0;
+    at_least(p + "allgather_bucket_size", z.allgather_bucket_size, zero_size);
+    at_least(p + "reduce_bucket_size", z.reduce_bucket_size, zero_size);
+    at_least(p + "sub_group_size", z.sub_group_size, zero_size);
+    at_least(p + "stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, zero_size);
+    at_least(p + "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, zero_size);
+    at_least(p + "stage3_max_live_parameters", z.stage3_max_live_parameters, zero_size);
+    at_least(p + "stage3_max_reuse_distance", z.stage3_max_reuse_distance, zero_size);
+    at_least(p + "offload_optimizer.buffer_count", z.offload_optimizer.buffer_count, zero_size);
+    at_least(p + "offload_param.buffer_count", z.offload_param.buffer_count, zero_size);
+    at_least(p + "offload_param.buffer_size", z.offload_param.buffer_size, zero_size);
+    at_least(p + "offload_param.max_in_cpu", z.offload_param.max_in_cpu, zero_size);
+    at_least(p + "zero_hpz_partition_size", z.zero_hpz_partition_size, zero_size);
 
     const bool stage_known = !z.stage.is_auto;
     const std::int64_t stage = z.stage.value;
@@ -216,6 +248,15 @@ class Checker {
     }
     if (!op.is_auto && op.value == OffloadDevice::nvme && z.offload_param.nvme_path.empty()) {
       error(p + "offload_param.nvme_path", "required when offload_param.device is \"nvme\", missing");
+    }
+    // Modelled and checked, but the engine has no offload yet (engine_settings refuses it): listed
+    // as not yet supported, so that `config check` says so and the engine refuses it by this list.
+    // NOTE(issue 21): drop once offload lands.
+    for (const auto& [key, device, what] : {std::tuple{"offload_optimizer.device", &oo, "optimizer offload"},
+                                            std::tuple{"offload_param.device", &op, "parameter offload"}}) {
+      if (!device->is_auto && device->value != OffloadDevice::none) {
+        unsupported(p + key, std::string("\"") + name_of(device->value) + "\"", what);
+      }
     }
     struct ZeroPP { const char* key; bool on; };
     for (const ZeroPP& feature : {ZeroPP{"zero_quantized_weights", z.zero_quantized_weights},
@@ -242,7 +283,12 @@ class Checker {
 
   void tensor_parallel() {
     const TensorParallelConfig& tp = c_.tensor_parallel;
-    at_least("tensor_parallel.autotp_size", tp.autotp_size, std::int64_t{1});
+    // DeepSpeed's default is 0, "disabled"; tessera's 1 means the same (no tensor parallelism).
+    at_least("tensor_parallel.autotp_size", tp.autotp_size, std::int64_t{0});
+    // As offload: checked here, not in the engine yet. NOTE(issue 21): drop once AutoTP training lands.
+    if (tp.autotp_size > 1) {
+      unsupported("tensor_parallel.autotp_size", std::to_string(tp.autotp_size), "AutoTP tensor-parallel training");
+    }
     static const std::vector<std::string> kPresets = {"llama", "bloom", "chatglm", "mixtral", "deepseek_v2", "qwen2", "phi3"};
     if (!tp.preset_model.empty()) {
       std::string lower = tp.preset_model;

@@ -336,14 +336,12 @@ at::Tensor DecoderLm::loss(const at::Tensor& tokens, const at::Tensor& targets) 
   return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 
-void DecoderLm::check_weights(const io::WeightDirectory& weights) const {
-  const auto shapes = decoder_parameter_shapes(config_);
+void DecoderLm::check_weights(const io::WeightDirectory& weights) const { check_decoder_weights(config_, weights); }
+
+void check_decoder_weights(const DecoderConfig& config, const io::WeightDirectory& weights) {
   auto where = [&](const std::string& name) { return weights.dir() + ": tensor '" + name + "'"; };
-  // Check everything first: nothing is written when anything is wrong.
-  std::set<std::string> expected;
-  for (const auto& [name, shape] : shapes) {
-    expected.insert(name);
-    if (!weights.contains(name)) throw CheckpointError(where(name) + " is missing (a " + config_.model_type() + " model needs it)");
+  auto check = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    if (!weights.contains(name)) throw CheckpointError(where(name) + " is missing (a " + config.model_type() + " model needs it)");
     const auto& info = weights.info(name);
     if (info.dtype != io::StDtype::f32 && info.dtype != io::StDtype::bf16 && info.dtype != io::StDtype::f16)
       throw CheckpointError(where(name) + " is stored as " + io::dtype_name(info.dtype) +
@@ -351,15 +349,30 @@ void DecoderLm::check_weights(const io::WeightDirectory& weights) const {
     if (info.shape != shape)
       throw CheckpointError(where(name) + " has shape " + shape_text(info.shape) + ", the config needs " +
                             shape_text(shape));
+  };
+  // Every layer has tensors of its own: more layers than tensors cannot all be there, and the
+  // first problem (in parameter order) lies within the first n + 1 layers. Checking those alone
+  // keeps the list as short as the directory whatever num_hidden_layers says.
+  const int64_t tensors = int64_t(weights.names().size());
+  if (config.num_hidden_layers > tensors) {
+    DecoderConfig first = config;
+    first.num_hidden_layers = tensors + 1;
+    for (const auto& [name, shape] : decoder_parameter_shapes(first)) check(name, shape);
+  }
+  // Check everything first: nothing is written when anything is wrong.
+  std::set<std::string> expected;
+  for (const auto& [name, shape] : decoder_parameter_shapes(config)) {
+    expected.insert(name);
+    check(name, shape);
   }
   bool tied_head_present = false;
   for (const auto& name : weights.names()) {
     if (expected.count(name)) continue;
-    if (config_.tie_word_embeddings && name == "lm_head.weight") {
+    if (config.tie_word_embeddings && name == "lm_head.weight") {
       tied_head_present = true;
       continue;
     }
-    throw CheckpointError(where(name) + " is not a parameter of this " + config_.model_type() + " model" +
+    throw CheckpointError(where(name) + " is not a parameter of this " + config.model_type() + " model" +
                           (ends_with(name, "rotary_emb.inv_freq") ? " (a RoPE buffer: remove it)" : ""));
   }
   if (tied_head_present) {
@@ -409,6 +422,9 @@ void DecoderLm::save_pretrained(const std::string& dir, uint64_t max_shard_bytes
 DecoderLm load_pretrained(const std::string& dir, DecoderOptions options) {
   auto config = load_decoder_config(dir);
   io::WeightDirectory weights(dir);
+  // The headers against the config before anything is allocated: a config.json far bigger than
+  // its weights is an error naming a tensor, not an allocator failure.
+  check_decoder_weights(config, weights);
   options.random_init = false;  // every parameter is read next
   DecoderLm model(config, std::move(options));
   model.load(weights);

@@ -101,7 +101,15 @@ class DecoderLm {
   std::shared_ptr<Impl> impl_;
 };
 
-// config.json + weights of `dir` (single or sharded safetensors), as this rank's shard.
+// config.json + weights of `dir` (single or sharded safetensors), as this rank's shard. The
+// weights' headers are checked against the config (check_decoder_weights) before the model is
+// allocated.
 DecoderLm load_pretrained(const std::string& dir, DecoderOptions options = {});
+
+// DecoderLm::load's checks from the safetensors headers and the config alone, so they can run
+// before a model is allocated: every parameter present with the config's shape (the error names
+// the tensor and both shapes) and a float dtype, no tensor the model lacks. Reads no tensor but a
+// tied lm_head.weight and the embedding, once their shapes are known to match.
+void check_decoder_weights(const DecoderConfig& config, const io::WeightDirectory& weights);
 
 }  // namespace tessera::nn

@@ -142,8 +142,14 @@ DecoderConfig parse_decoder_config(const std::string& json_text, const std::stri
   // Qwen3Config defaults to 128 whatever the width.
   c.head_dim = r.integer("head_dim", c.family == DecoderFamily::qwen3 ? 128 : derived);
   if (c.family == DecoderFamily::qwen2) {
-    c.qkv_bias = true;  // Qwen2Attention: bias on q/k/v, none on o
-    if (r.has("attention_bias")) r.fail("attention_bias", "Qwen2 configs do not take attention_bias (q/k/v always have a bias)");
+    // Qwen2Attention: bias on q/k/v, none on o, whatever attention_bias says (transformers does not
+    // read it for Qwen2). Some exported configs carry it: true states the truth; false would ask
+    // for a model without the biases the checkpoint holds.
+    c.qkv_bias = true;
+    if (!r.boolean("attention_bias", true)) {
+      r.fail("attention_bias", "false, but Qwen2's q/k/v projections always have a bias (the checkpoint holds "
+                               "q_proj.bias, k_proj.bias, v_proj.bias); set true or remove the key");
+    }
   } else {
     c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
   }
@@ -206,6 +212,11 @@ DecoderConfig parse_decoder_config(const std::string& json_text, const std::stri
 DecoderConfig load_decoder_config(const std::string& path) {
   std::filesystem::path p(path);
   if (std::filesystem::is_directory(p)) p /= "config.json";
+  // Only a regular file: opening a FIFO would block until a writer comes.
+  std::error_code error;
+  const auto status = std::filesystem::status(p, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    throw ConfigError(p.string() + ": not a regular file; the model config is read from a regular file only");
   std::ifstream in(p, std::ios::binary);
   if (!in) throw ConfigError(p.string() + ": cannot open the model config");
   std::ostringstream text;

@@ -6,8 +6,9 @@
 //   hidden_size d, num_attention_heads H, num_key_value_heads KV (GQA: H % KV == 0), head_dim hd
 //   (Qwen3 and recent Llamas and Qwen2s give it; otherwise d / H), intermediate_size of the SwiGLU MLP,
 //   rms_norm_eps, rope_theta, tie_word_embeddings (lm_head shares model.embed_tokens.weight).
-//   Family differences: Qwen2 has biases on q/k/v (not o); Llama and Qwen3 take `attention_bias`
-//   (q/k/v and o); Qwen3 normalises q and k per head (q_norm, k_norm) before RoPE.
+//   Family differences: Qwen2 has biases on q/k/v (not o), and its `attention_bias` may only say
+//   so (true); Llama and Qwen3 take `attention_bias` (q/k/v and o); Qwen3 normalises q and k per
+//   head (q_norm, k_norm) before RoPE.
 // Keys tessera does not implement (rope_scaling, sliding windows, dropout, pretraining_tp > 1, an
 // activation other than silu) are refused when set to anything but their neutral value, and so is
 // any key that is neither implemented nor known to be harmless: nothing is silently ignored.

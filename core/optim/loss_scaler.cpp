@@ -31,7 +31,8 @@ LossScaler::LossScaler(const LossScalerOptions& o)
     bad(o.dynamic ? "initial_scale_power" : "loss_scale", scale_, "a finite positive scale");
   if (o.dynamic && o.scale_window <= 0) bad("loss_scale_window", double(o.scale_window), "a positive integer");
   if (o.dynamic && !(o.min_scale > 0)) bad("min_loss_scale", o.min_scale, "a positive value");
-  if (o.dynamic && o.hysteresis < 1) bad("hysteresis", double(o.hysteresis), "an integer >= 1");
+  // hysteresis <= 0 is DeepSpeed's too: the hysteresis left never reaches 1, so overflows skip
+  // steps and never lower the scale.
 }
 
 LossScaleUpdate LossScaler::update(bool overflow) {

@@ -18,7 +18,7 @@ struct LossScalerOptions {
   double initial_scale = 65536.;  // 2 ^ fp16.initial_scale_power (default 16)
   int64_t scale_window = 1000;    // fp16.loss_scale_window
   double min_scale = 1.0;         // fp16.min_loss_scale
-  int64_t hysteresis = 2;         // fp16.hysteresis
+  int64_t hysteresis = 2;         // fp16.hysteresis (<= 0: an overflow never lowers the scale)
   bool consecutive_hysteresis = false;  // fp16.consecutive_hysteresis
   bool raise_error_at_min_scale = true;
 };

@@ -17,7 +17,7 @@ void params_in_range(const FlatGroupLayout& layout, int64_t begin, int64_t end, 
 
 }  // namespace
 
-BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, int64_t bucket_elements) {
+BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, int64_t bucket_elements, BucketCut cut) {
   if (bucket_elements < 1) throw Error("bucket plan: bucket size " + std::to_string(bucket_elements) + " < 1 element");
   BucketPlan plan;
   plan.shape = shape;
@@ -29,6 +29,11 @@ BucketPlan make_bucket_plan(const FlatGroupLayout& layout, BucketShape shape, in
     const int64_t owner = (end - 1) / partition;
     int64_t begin = std::max<int64_t>(0, end - bucket_elements);
     if (shape == BucketShape::reduce_to_owner) begin = std::max(begin, owner * partition);
+    if (cut == BucketCut::per_parameter) {  // the start of the parameter holding element end - 1
+      const auto holder = std::upper_bound(layout.params.begin(), layout.params.end(), end - 1,
+                                           [](int64_t e, const ParameterSlot& p) { return e < p.offset + p.numel; });
+      begin = std::max(begin, holder->offset);
+    }
     Bucket b{begin, end, {}, 0, shape == BucketShape::reduce_to_owner ? int(owner) : -1};
     params_in_range(layout, begin, end, b.params);
     plan.buckets.push_back(std::move(b));
@@ -49,7 +54,7 @@ StagingCopy staging_copy(const FlatGroupLayout& layout, const Bucket& bucket, in
 
 BucketPlan make_bucket_plan(const std::vector<FlatGroupLayout>& layouts,
                             const std::vector<std::vector<int64_t>>& model_index, BucketShape shape,
-                            int64_t bucket_elements) {
+                            int64_t bucket_elements, BucketCut cut) {
   if (layouts.size() != model_index.size())
     throw Error("bucket plan: " + std::to_string(layouts.size()) + " groups but " + std::to_string(model_index.size()) +
                 " index lists");
@@ -71,7 +76,7 @@ BucketPlan make_bucket_plan(const std::vector<FlatGroupLayout>& layouts,
   // Each group's buckets with model-wide indices; the key is the latest parameter it holds.
   std::vector<std::vector<Bucket>> per_group;
   for (size_t g = 0; g < layouts.size(); ++g) {
-    auto plan = make_bucket_plan(layouts[g], shape, bucket_elements);
+    auto plan = make_bucket_plan(layouts[g], shape, bucket_elements, cut);
     for (auto& b : plan.buckets) {
       b.group = int64_t(g);
       for (auto& p : b.params) p = model_index[g][p];

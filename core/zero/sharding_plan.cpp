@@ -1,6 +1,7 @@
 #include "core/zero/sharding_plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include "core/affine/builders.h"
@@ -21,8 +22,8 @@ ShardingPlan::ShardingPlan(std::vector<PlannedParameter> parameters, const Shard
   if (parameters_.empty()) fail("no parameters");
   if (options_.stage < 0 || options_.stage > 3) fail("ZeRO stage " + std::to_string(options_.stage) + " (stages 0-3)");
   if (options_.world < 1) fail("data-parallel size " + std::to_string(options_.world) + " < 1");
-  if (options_.stage != 3 && options_.bucket_elements < 1)  // stage 3 reduces per segment, without buckets
-    fail("bucket size " + std::to_string(options_.bucket_elements) + " < 1 element");
+  if (options_.stage != 3 && options_.bucket_elements < 0)  // stage 3 reduces per segment, without buckets
+    fail("bucket size " + std::to_string(options_.bucket_elements) + " < 0 elements");
   if (options_.sub_group_elements < 1)
     fail("sub-group size " + std::to_string(options_.sub_group_elements) + " < 1 element");
   if (options_.persistence_threshold < 0)
@@ -83,11 +84,15 @@ ShardingPlan::ShardingPlan(std::vector<PlannedParameter> parameters, const Shard
   for (auto& group : groups_)
     for (int64_t b = 0; b < group.layout.partition_numel; b += options_.sub_group_elements)
       group.sub_groups.push_back({b, std::min(group.layout.partition_numel, b + options_.sub_group_elements)});
-  if (options_.stage != 3)
+  if (options_.stage != 3) {
+    const bool per_parameter = options_.bucket_elements == 0;
+    const BucketCut cut = per_parameter ? BucketCut::per_parameter : BucketCut::by_size;
+    const int64_t size = per_parameter ? std::numeric_limits<int64_t>::max() : options_.bucket_elements;
     buckets_ = partitioned_gradients()
                    ? make_bucket_plan(layouts, model_index, BucketShape::reduce_to_owner,
-                                      std::min(options_.bucket_elements, kMaxStagedBucketElements))
-                   : make_bucket_plan(layouts, model_index, BucketShape::all_reduce, options_.bucket_elements);
+                                      std::min(size, kMaxStagedBucketElements), cut)
+                   : make_bucket_plan(layouts, model_index, BucketShape::all_reduce, size, cut);
+  }
 }
 
 int64_t ShardingPlan::largest_sub_group() const {

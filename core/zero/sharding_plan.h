@@ -71,9 +71,11 @@ enum class GradientMode {
 struct ShardingPlanOptions {
   int64_t stage = 0;
   int world = 1;                              // data-parallel size
-  // Required (the engine passes the config's values, whose defaults are written once there):
-  int64_t bucket_elements = 0;     // zero_optimization.reduce_bucket_size, stages 0-2 (stage 2: at most kMaxStagedBucketElements)
-  int64_t sub_group_elements = 0;  // zero_optimization.sub_group_size
+  // The engine passes the config's values (their defaults are written once there).
+  // zero_optimization.reduce_bucket_size, stages 0-2 (stage 2: at most kMaxStagedBucketElements);
+  // 0 = one bucket per parameter, DeepSpeed's meaning (BucketCut::per_parameter).
+  int64_t bucket_elements = 0;
+  int64_t sub_group_elements = 0;  // zero_optimization.sub_group_size; required (>= 1)
   // Stage 3: parameters of at most this many elements stay gathered (stage3_param_persistence_threshold).
   // 0 (only empty parameters) here, so a plan built by hand keeps every parameter partitioned; the
   // engine passes the config's value (DeepSpeed's default 100,000). Ignored at stages 0-2.

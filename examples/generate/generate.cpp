@@ -17,6 +17,7 @@
 
 #include "actors/rollout/rollout_engine.h"
 #include "core/error.h"
+#include "examples/example_main.h"
 #include "transport/launch_env.h"
 
 int main(int argc, char** argv) {
@@ -41,9 +42,11 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
 
-  const auto env = tessera::transport::LaunchEnv::from_env();
-  at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.local_world_size)));
-  try {
+  std::string who = "generate";
+  return tessera::examples::run_main(who, [&] {
+    const auto env = tessera::transport::LaunchEnv::from_env();
+    who = "generate (rank " + std::to_string(env.rank) + ")";
+    at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.local_world_size)));
     std::vector<std::vector<int64_t>> prompts;
     for (const auto& text : prompts_text) {
       std::vector<int64_t> p;
@@ -84,9 +87,6 @@ int main(int argc, char** argv) {
     }
     std::printf("generate: TP %d, %lld tokens in %.2f s (%.0f tokens/s), KV cache %s\n", rollout->tp_size(),
                 static_cast<long long>(total), seconds, double(total) / seconds, no_cache ? "off" : "on");
-  } catch (const tessera::Error& e) {
-    std::fprintf(stderr, "generate (rank %d): %s\n", env.rank, e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

@@ -43,6 +43,7 @@
 #include "actors/rollout/rollout_engine.h"
 #include "actors/rollout/weight_sync.h"
 #include "core/config/load.h"
+#include "examples/example_main.h"
 #include "core/error.h"
 #include "core/nn/decoder.h"
 #include "examples/grpo/reverse_task.h"
@@ -489,11 +490,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", a.seed, "seed of prompts, sampling and initialisation");
   app.add_option("--csv", a.csv, "the curve, written by training rank 0");
   CLI11_PARSE(app, argc, argv);
-  const auto env = tessera::transport::LaunchEnv::from_env();
-  try {
+  std::string who = "grpo " + a.role;
+  return tessera::examples::run_main(who, [&] {
+    const auto env = tessera::transport::LaunchEnv::from_env();
+    who += " (rank " + std::to_string(env.rank) + ")";
     return a.role == "train" ? run_train(a, env) : run_rollout(a, env);
-  } catch (const tessera::Error& e) {
-    std::fprintf(stderr, "grpo %s (rank %d): %s\n", a.role.c_str(), env.rank, e.what());
-    return 1;
-  }
+  });
 }

@@ -42,6 +42,7 @@
 #include "core/error.h"
 #include "core/nn/decoder.h"
 #include "core/nn/tiny_gpt.h"
+#include "examples/example_main.h"
 #include "transport/launch_env.h"
 
 namespace {
@@ -128,11 +129,13 @@ int main(int argc, char** argv) {
   app.add_option("--zero-stage", zero_stage, "ZeRO stage (fills \"auto\")")->check(CLI::Range(0, 3));
   CLI11_PARSE(app, argc, argv);
 
-  const auto env = tessera::transport::LaunchEnv::from_env();
-  const int rank = env.rank, world = env.world_size, local_world = env.local_world_size;
-  // Ranks on one machine share its cores: no oversubscription.
-  at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_world)));
-  try {
+  std::string who = "train_lm";
+  return tessera::examples::run_main(who, [&] {
+    const auto env = tessera::transport::LaunchEnv::from_env();
+    const int rank = env.rank, world = env.world_size, local_world = env.local_world_size;
+    who = "train_lm (rank " + std::to_string(rank) + ")";
+    // Ranks on one machine share its cores: no oversubscription.
+    at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_world)));
     tessera::data::ByteCorpus corpus(corpus_paths);
     if (hf_config.empty() && !(init_weights.empty() && save_dir.empty()))
       throw tessera::ConfigError("--init-weights and --save-dir need --model-config");
@@ -270,12 +273,6 @@ int main(int argc, char** argv) {
                   static_cast<long long>(engine->skipped_steps()), csv.is_open() ? ", loss curve in " : "",
                   csv.is_open() ? csv_path.c_str() : "");
     }
-  } catch (const tessera::Error& e) {
-    std::fprintf(stderr, "train_lm (rank %d): %s\n", rank, e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_lm (rank %d): %s\n", rank, e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

@@ -83,6 +83,17 @@ TEST_CASE("config check passes Transformers' ZeRO-3 test file, the 16-bit save f
   CHECK(r.exit_code == 0);
 }
 
+TEST_CASE("config check accepts Transformers' ZeRO-3 test file with zero bucket sizes", "[config][cli]") {
+  // tests/deepspeed/ds_config_zero3.json of huggingface/transformers: DeepSpeed takes
+  // reduce_bucket_size 0 (ge=0), and so must tessera.
+  const Run r = run("config check " + src("configs/deepspeed/hf_tests_ds_config_zero3_zero_buckets.json"));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("valid DeepSpeed JSON configuration"));
+  CHECK_THAT(r.output, Catch::Contains("zero_optimization.reduce_bucket_size = 0"));
+  CHECK_THAT(r.output, Catch::Contains("zero_optimization.stage3_prefetch_bucket_size = 0"));
+}
+
 TEST_CASE("config check lists ignored and not-yet-supported keys without failing", "[config][cli]") {
   Run r = run("config check " + src("configs/deepspeed/zeropp.json"));
   INFO(r.output);
@@ -95,6 +106,20 @@ TEST_CASE("config check lists ignored and not-yet-supported keys without failing
   CHECK_THAT(r.output, Catch::Contains("warning: flops_profiler: accepted and ignored"));
   CHECK_THAT(r.output, Catch::Contains("flops_profiler = {"));
   CHECK_THAT(r.output, Catch::Contains("# ignored"));
+}
+
+TEST_CASE("config check lists offload and AutoTP training as not yet supported", "[config][cli]") {
+  // The README promises keys the engine refuses are listed; offload and AutoTP are refused at initialize.
+  Run r = run("config check " + src("configs/deepspeed/accelerate_zero_stage3_offload_config.json"));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("not yet supported, refused when the engine starts (2)"));
+  CHECK_THAT(r.output, Catch::Contains("zero_optimization.offload_optimizer.device = \"cpu\": not yet supported (optimizer offload)"));
+  CHECK_THAT(r.output, Catch::Contains("zero_optimization.offload_param.device = \"cpu\": not yet supported (parameter offload)"));
+  r = run("config check " + src("configs/autotp.toml"));
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("tensor_parallel.autotp_size = "));
+  CHECK_THAT(r.output, Catch::Contains(": not yet supported (AutoTP tensor-parallel training)"));
 }
 
 TEST_CASE("config check fails with the errors and exit status 1", "[config][cli]") {

@@ -35,3 +35,34 @@ TEST_CASE("describe marks given, default, derived, auto, ignored and unsupported
   CHECK_THAT(after, Catch::Contains("train_batch_size = 24"));  // 4 x 3 x 2
   CHECK_THAT(after, Catch::Contains("# derived: 4 x 3 x 2"));
 }
+
+namespace {
+// The mark describe() gives the line of `assignment` ("" when there is none).
+std::string mark_of(const std::string& text, const std::string& assignment) {
+  const size_t at = text.find("\n" + assignment + " ");
+  if (at == std::string::npos) return "";
+  const size_t mark = text.find("# ", at), end = text.find('\n', at + 1);
+  return mark < end ? text.substr(mark + 2, end - mark - 2) : "";
+}
+}  // namespace
+
+TEST_CASE("offload and AutoTP training, which the engine lacks, are marked not yet supported", "[config][describe]") {
+  const Config c = load_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+      "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}, "tensor_parallel": {"autotp_size": 1}})");
+  const std::string text = describe(c);
+  INFO(text);
+  CHECK(mark_of(text, "zero_optimization.offload_optimizer.device = \"cpu\"") == "given; not yet supported");
+  CHECK(mark_of(text, "zero_optimization.offload_param.device = \"nvme\"") == "given; not yet supported");
+  CHECK(mark_of(text, "zero_optimization.offload_param.nvme_path = \"/nvme\"") == "given");
+  REQUIRE(c.unsupported.size() == 2);
+  CHECK(c.unsupported[0].why == "optimizer offload");
+  CHECK(c.unsupported[1].why == "parameter offload");
+  // AutoTP: sizes 0 and 1 ask for nothing; 2 asks for tensor-parallel training.
+  CHECK(load_json(R"({"tensor_parallel": {"autotp_size": 0}})").unsupported.empty());
+  const Config tp = load_json(R"({"zero_optimization": {"stage": 2}, "tensor_parallel": {"autotp_size": 2}})");
+  REQUIRE(tp.unsupported.size() == 1);
+  CHECK(tp.unsupported[0].path == "tensor_parallel.autotp_size");
+  CHECK(mark_of(describe(tp), "tensor_parallel.autotp_size = 2") == "given; not yet supported");
+  // The device left "auto" asks for nothing until a fact resolves it.
+  CHECK(load_json(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "auto"}}})").unsupported.empty());
+}

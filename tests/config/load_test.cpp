@@ -196,7 +196,9 @@ TEST_CASE("DeepSpeed configs from popular projects load unchanged", "[config][lo
     const Config c = load_config(source_path("configs/deepspeed/openrlhf_train_zero3.json"));
     CHECK(c.zero_optimization.sub_group_size == 1'000'000'000);
     CHECK(c.zero_optimization.stage3_max_live_parameters == 1'000'000'000);
-    CHECK(c.unsupported.empty());  // data_types.grad_accum_dtype null asks for nothing
+    // data_types.grad_accum_dtype null asks for nothing; the optimizer offload is not there yet.
+    REQUIRE(c.unsupported.size() == 1);
+    CHECK(c.unsupported[0].path == "zero_optimization.offload_optimizer.device");
     Facts f;
     f.world_size = 8, f.hidden_size = 2048;
     CHECK(resolve_auto(c, f).gradient_accumulation_steps == Auto<std::int64_t>(8));  // 128 / (2 x 8)

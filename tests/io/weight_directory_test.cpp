@@ -6,6 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <future>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/io/weight_directory.h"
 #include "tests/io/tensor_bytes.h"
@@ -175,6 +180,33 @@ TEST_CASE("weights: a directory without weights, and bad tensors to save", "[wei
   CHECK_THAT(refusal([&] { save_weight_directory(dir.file("out"), {{"c", torch::ones({1}, at::kComplexDouble)}}, 1); }),
              Contains("'c'"));
   CHECK_FALSE(fs::exists(dir.file("out")));
+}
+
+// Opens `fifo` for writing if `reading` has not finished within 5 s: a reader blocked in open()
+// then returns, and the test fails instead of hanging.
+void release_if_blocked(std::future<std::string>& reading, const std::string& fifo) {
+  if (reading.wait_for(std::chrono::seconds(5)) == std::future_status::ready) return;
+  FAIL_CHECK("blocked opening " << fifo);
+  const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+  reading.wait();
+  if (fd >= 0) ::close(fd);
+}
+
+TEST_CASE("weights: a FIFO in place of a weight file is refused at once, by name", "[weights]") {
+  TempDir dir;
+  for (const std::string name : {"model.safetensors", "model.safetensors.index.json"}) {
+    const std::string fifo = dir.file(name);
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    auto reading = std::async(std::launch::async, [&] { return refusal([&] { WeightDirectory weights(dir.path()); }); });
+    release_if_blocked(reading, fifo);
+    CHECK_THAT(reading.get(), Contains(fifo) && Contains("not a regular file (a FIFO)"));
+    fs::remove(fifo);
+  }
+  // A directory where a shard should be: the same refusal, through the index.
+  write_file_bytes(dir.file("model.safetensors.index.json"), R"({"weight_map": {"a": "model-00001-of-00001.safetensors"}})");
+  fs::create_directory(dir.file("model-00001-of-00001.safetensors"));
+  CHECK_THAT(refusal([&] { WeightDirectory weights(dir.path()); }),
+             Contains("model-00001-of-00001.safetensors") && Contains("not a regular file (a directory)"));
 }
 
 }  // namespace

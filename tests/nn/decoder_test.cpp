@@ -6,8 +6,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include <limits>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/affine/builders.h"
 #include "core/affine/local_executor.h"
@@ -115,7 +120,19 @@ TEST_CASE("Keys tessera does not implement are refused by name, not ignored", "[
   const auto& qwen2 = family_configs()[1].second;
   refused(replace(qwen2, R"("use_sliding_window": false)", R"("use_sliding_window": true)"), "use_sliding_window");
   refused(replace(qwen2, R"("hidden_act": "silu")", R"("hidden_act": "silu", "attention_bias": false)"),
-          "attention_bias");
+          "attention_bias: false, but Qwen2's q/k/v projections always have a bias");
+  refused(replace(qwen2, R"("hidden_act": "silu")", R"("hidden_act": "silu", "attention_bias": "yes")"),
+          "attention_bias: expected true or false");
+}
+
+TEST_CASE("Qwen2 with attention_bias true (as some exports write it): the q/k/v biases, none on o", "[nn][decoder]") {
+  const auto& qwen2 = family_configs()[1].second;
+  const auto c = parse_decoder_config(replace(qwen2, R"("hidden_act": "silu")", R"("hidden_act": "silu", "attention_bias": true)"),
+                                      "dir/config.json");
+  CHECK(c.qkv_bias);
+  CHECK_FALSE(c.o_bias);
+  // The same model as without the key (Qwen2 configs are written back without it).
+  CHECK(decoder_config_json(c) == decoder_config_json(parse_decoder_config(qwen2, "dir/config.json")));
 }
 
 TEST_CASE("TP shards of every weight reassemble the whole model; KV heads replicated past KV", "[nn][decoder][tp]") {
@@ -253,6 +270,56 @@ TEST_CASE("Weights of another shape or name are refused before any parameter cha
   tessera::io::save_weight_directory(dir.path.string(), tied_tensors);
   TESSERA_CHECK_THROWS(other.load(tessera::io::WeightDirectory(dir.path.string())), tessera::CheckpointError,
                        Catch::Matchers::Contains("tie_word_embeddings"));
+}
+
+TEST_CASE("load_pretrained checks the weights against config.json before allocating the model", "[nn][decoder][io]") {
+  // A config.json far bigger than its weights: 2^40 tokens x d would be 2^40 x d x 4 bytes to
+  // allocate; the error names the tensor and both shapes instead.
+  const auto c = family_config("qwen3");
+  TempDir dir;
+  DecoderLm(c).save_pretrained(dir.path.string());
+  auto big = c;
+  big.vocab_size = int64_t(1) << 40;
+  std::ofstream(dir / "config.json", std::ios::trunc) << decoder_config_json(big);
+  const std::string d = std::to_string(c.hidden_size);
+  TESSERA_CHECK_THROWS(load_pretrained(dir.path.string()), tessera::CheckpointError,
+                       Catch::Matchers::Contains("tensor 'model.embed_tokens.weight' has shape [" +
+                                                 std::to_string(c.vocab_size) + ", " + d + "]") &&
+                           Catch::Matchers::Contains("the config needs [1099511627776, " + d + "]"));
+}
+
+TEST_CASE("check_decoder_weights names the first missing layer without listing 2^40 of them", "[nn][decoder][io]") {
+  const auto c = family_config("qwen3");
+  TempDir dir;
+  DecoderLm(c).save_pretrained(dir.path.string());
+  auto deep = c;
+  deep.num_hidden_layers = int64_t(1) << 40;
+  const tessera::io::WeightDirectory weights(dir.path.string());
+  TESSERA_CHECK_THROWS(check_decoder_weights(deep, weights), tessera::CheckpointError,
+                       Catch::Matchers::Contains("tensor 'model.layers." + std::to_string(c.num_hidden_layers) + ".") &&
+                           Catch::Matchers::Contains("is missing"));
+  CHECK_NOTHROW(check_decoder_weights(c, weights));
+}
+
+TEST_CASE("A FIFO in place of config.json is refused at once, by name", "[nn][decoder][io]") {
+  TempDir dir;
+  const std::string fifo = (dir.path / "config.json").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto reading = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      load_decoder_config(dir.path.string());
+    } catch (const tessera::ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  });
+  if (reading.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    FAIL_CHECK("blocked opening " << fifo);
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // lets a blocked open() return
+    reading.wait();
+    if (fd >= 0) ::close(fd);
+  }
+  CHECK_THAT(reading.get(), Catch::Matchers::Contains(fifo) && Catch::Matchers::Contains("not a regular file"));
 }
 
 TEST_CASE("KV cache steps equal the full recompute; padded rows equal the rows alone", "[nn][decoder]") {

@@ -59,7 +59,17 @@ TEST_CASE("Loss scaler options are validated with fp16 key names", "[optim][fp16
   LossScalerOptions o;
   o.scale_window = 0;
   CHECK_THROWS_WITH(LossScaler(o), Catch::Contains("fp16.loss_scale_window"));
-  o = LossScalerOptions{};
-  o.hysteresis = 0;
-  CHECK_THROWS_WITH(LossScaler(o), Catch::Contains("fp16.hysteresis"));
+}
+
+TEST_CASE("Hysteresis 0, as DeepSpeed takes it: overflows skip steps and never lower the scale", "[optim][fp16]") {
+  // DeepSpeed halves only when the hysteresis left is 1; from 0 it counts down past 1: 0, -1, -2.
+  LossScalerOptions o;
+  o.initial_scale = 1024, o.scale_window = 1000, o.hysteresis = 0;
+  LossScaler s(o);
+  for (int i = 0; i < 3; ++i) {
+    const auto u = s.update(true);
+    CHECK(u.skipped);
+    CHECK(u.scale == 1024);
+  }
+  CHECK(s.skipped_steps() == 3);
 }

@@ -4,6 +4,7 @@
 
 #include <random>
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <tuple>
 
@@ -69,6 +70,56 @@ TEST_CASE("Random layouts: buckets tile the buffer and list their parameters exa
       }
       REQUIRE(expected_end == 0);
       for (int64_t i = 0; i < n; ++i) REQUIRE(plan.param_buckets[i].empty() == (numels[i] == 0));
+    }
+  }
+}
+
+TEST_CASE("Per-parameter cut (reduce_bucket_size 0): the header's example", "[zero][buckets]") {
+  const auto layout = make_flat_group_layout({"a", "b", "c", "d"}, {35, 13, 24, 1}, 3);  // P = 25
+  const int64_t unbounded = std::numeric_limits<int64_t>::max();
+  using Range = std::tuple<int64_t, int64_t, int>;
+  auto ranges = [](const BucketPlan& plan) {
+    std::vector<Range> out;
+    for (const auto& b : plan.buckets) out.emplace_back(b.begin, b.end, b.owner);
+    return out;
+  };
+  const auto ar = make_bucket_plan(layout, BucketShape::all_reduce, unbounded, BucketCut::per_parameter);
+  CHECK(ranges(ar) == std::vector<Range>{{72, 73, -1}, {48, 72, -1}, {35, 48, -1}, {0, 35, -1}});
+  for (int64_t p = 0; p < 4; ++p) CHECK(ar.param_buckets[p] == std::vector<int64_t>{3 - p});
+  const auto ro = make_bucket_plan(layout, BucketShape::reduce_to_owner, unbounded, BucketCut::per_parameter);
+  CHECK(ranges(ro) ==
+        std::vector<Range>{{72, 73, 2}, {50, 72, 2}, {48, 50, 1}, {35, 48, 1}, {25, 35, 1}, {0, 25, 0}});
+  // A size still bounds the pieces: c [48, 72) in pieces of at most 10 inside partition 2.
+  const auto bounded = make_bucket_plan(layout, BucketShape::reduce_to_owner, 10, BucketCut::per_parameter);
+  CHECK(ranges(bounded)[1] == Range{62, 72, 2});
+  CHECK(ranges(bounded)[3] == Range{50, 52, 2});
+}
+
+TEST_CASE("Per-parameter cut on random layouts: every bucket inside one parameter, as large as it may be",
+          "[zero][buckets]") {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t dp = 1 + rng() % 5, n = 1 + rng() % 6, bucket = 1 + rng() % 40;
+    std::vector<std::string> names;
+    std::vector<int64_t> numels;
+    for (int64_t i = 0; i < n; ++i) names.push_back("p" + std::to_string(i)), numels.push_back(rng() % 30);
+    const auto layout = make_flat_group_layout(names, numels, dp, 1 + rng() % 3);
+    for (auto shape : {BucketShape::all_reduce, BucketShape::reduce_to_owner}) {
+      const auto plan = make_bucket_plan(layout, shape, bucket, BucketCut::per_parameter);
+      INFO("trial " << trial << " shape " << int(shape));
+      int64_t expected_end = layout.numel;
+      for (const auto& b : plan.buckets) {
+        REQUIRE(b.end == expected_end);
+        REQUIRE(b.params.size() == 1);
+        const auto& slot = layout.params[b.params[0]];
+        REQUIRE((slot.offset <= b.begin && b.end <= slot.offset + slot.numel));
+        REQUIRE(b.elements() <= bucket);
+        // Cut only where a limit is: the size, the parameter's start, or the owner's partition.
+        const int64_t partition_start = shape == BucketShape::reduce_to_owner ? b.owner * layout.partition_numel : 0;
+        REQUIRE((b.elements() == bucket || b.begin == slot.offset || b.begin == partition_start));
+        expected_end = b.begin;
+      }
+      REQUIRE(expected_end == 0);
     }
   }
 }

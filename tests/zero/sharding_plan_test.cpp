@@ -50,6 +50,31 @@ TEST_CASE("Sharding plan: the header's example", "[zero][plan]") {
   CHECK(a.ranks.at(1).pieces[0].offset == 0);
 }
 
+TEST_CASE("Sharding plan: bucket size 0 is one bucket per parameter (DeepSpeed's reduce_bucket_size 0)", "[zero][plan]") {
+  ShardingPlanOptions o;
+  o.stage = 1, o.world = 2, o.bucket_elements = 0, o.sub_group_elements = 5;
+  ShardingPlan one({param("a", {3, 5}), param("b", {7})}, o);
+  const auto& all_reduce = one.buckets().buckets;
+  REQUIRE(all_reduce.size() == 2);  // b [15, 22), then a [0, 15)
+  CHECK((all_reduce[0].begin == 15 && all_reduce[0].end == 22 && all_reduce[0].params == std::vector<int64_t>{1}));
+  CHECK((all_reduce[1].begin == 0 && all_reduce[1].end == 15 && all_reduce[1].params == std::vector<int64_t>{0}));
+  // Stage 2: also cut at the partitions and into pieces of at most kMaxStagedBucketElements.
+  o.stage = 2;
+  ShardingPlan two({param("a", {3, 5}), param("b", {7}), param("big", {kMaxStagedBucketElements + 2})}, o);
+  const auto& to_owner = two.buckets().buckets;
+  for (const auto& b : to_owner) {
+    CHECK(b.params.size() == 1);
+    CHECK(b.elements() <= kMaxStagedBucketElements);
+  }
+  // Partitions of 524300 elements: big [22, 1048600) is cut at 524300 and into pieces; a and b whole.
+  REQUIRE(to_owner.size() >= 4);
+  CHECK((to_owner.back().begin == 0 && to_owner.back().end == 15));
+  CHECK((to_owner[to_owner.size() - 2].begin == 15 && to_owner[to_owner.size() - 2].end == 22));
+  CHECK(to_owner[to_owner.size() - 3].params == std::vector<int64_t>{2});
+  o.bucket_elements = -1;
+  CHECK_THROWS_WITH(ShardingPlan({param("a", {3})}, o), Catch::Contains("bucket size -1"));
+}
+
 TEST_CASE("Sharding plan: maps equal the affine layer's ZeRO builders on random models", "[zero][plan]") {
   std::mt19937_64 rng(23);
   for (int trial = 0; trial < 150; ++trial) {
@@ -133,8 +158,8 @@ TEST_CASE("Sharding plan: refusals name what is wrong", "[zero][plan]") {
   CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("ZeRO stage 4"));
   o.stage = 1, o.world = 0;
   CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("data-parallel size 0"));
-  o.world = 2;  // bucket and sub-group sizes are required (the engine passes the config's)
-  CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("bucket size 0"));
+  o.world = 2, o.bucket_elements = -1;  // 0 is one bucket per parameter; the sub-group size is required
+  CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("bucket size -1"));
   o.bucket_elements = 10;
   CHECK_THROWS_WITH(ShardingPlan({param("a", {2})}, o), Catch::Contains("sub-group size"));
   o.sub_group_elements = 10;

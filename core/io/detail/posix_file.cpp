@@ -20,14 +20,32 @@ constexpr uint64_t kMaxCallBytes = uint64_t(1) << 30;  // Linux moves at most ~2
   throw CheckpointError(path + ": " + call + " failed: " + std::strerror(error));
 }
 
+const char* file_type(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a plain file";
+}
+
+[[noreturn]] void not_regular(const std::string& path, mode_t mode) {
+  throw CheckpointError(path + ": not a regular file (" + file_type(mode) + "); weights are read from regular files only");
+}
+
 }  // namespace
 
 ReadOnlyFile::ReadOnlyFile(const std::string& path) : path_(path) {
+  // The type first: open() of a FIFO blocks until a writer comes, which may be never.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail(path, "stat", errno);
+  if (!S_ISREG(st.st_mode)) not_regular(path, st.st_mode);
+  // O_NONBLOCK: should the path become a FIFO after the stat, open returns at once and fstat
+  // below refuses it (it does not change reads of a regular file).
   do {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (fd_ < 0 && errno == EINTR);
   if (fd_ < 0) fail(path, "open", errno);
-  struct stat st {};
   if (::fstat(fd_, &st) != 0) {
     const int error = errno;
     ::close(fd_);
@@ -35,7 +53,7 @@ ReadOnlyFile::ReadOnlyFile(const std::string& path) : path_(path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd_);
-    throw CheckpointError(path + ": not a regular file");
+    not_regular(path, st.st_mode);
   }
 }
 

@@ -13,7 +13,9 @@ namespace tessera::io::detail {
 // A read-only file descriptor, closed on destruction. Move-only.
 class ReadOnlyFile {
  public:
-  explicit ReadOnlyFile(const std::string& path);  // CheckpointError naming the path if it cannot be opened
+  // CheckpointError naming the path if it cannot be opened or is not a regular file (checked
+  // before opening: a FIFO would block open()).
+  explicit ReadOnlyFile(const std::string& path);
   ~ReadOnlyFile();
   ReadOnlyFile(ReadOnlyFile&& other) noexcept;
   ReadOnlyFile& operator=(ReadOnlyFile&&) = delete;
