@@ -18,6 +18,7 @@
 #include "core/checkpoint/manifest.h"
 #include "core/config/write.h"
 #include "core/io/safetensors.h"
+#include "core/log/log.h"
 #include "core/io/detail/posix_file.h"
 #include "transport/communicator.h"
 
@@ -89,6 +90,24 @@ checkpoint::EngineCounters counters(const Engine::Impl& s, int64_t optimizer_upd
     c.loss_scaler = {snap.scale, snap.iteration, snap.last_overflow_iteration, snap.hysteresis_left, snap.skipped_steps};
   }
   return c;
+}
+
+// [tessera.checkpoint] keep_last: the oldest tags beyond the newest N go, never the one just
+// saved or the one `latest` names. The save is committed already: a failure here is a warning.
+void keep_last(const std::string& dir, const std::string& saved, int64_t keep) {
+  if (keep <= 0) return;
+  try {
+    auto tags = checkpoint::committed_tags(dir);
+    std::string latest;
+    try {
+      latest = checkpoint::read_latest(dir);
+    } catch (const CheckpointError&) {
+    }
+    for (size_t i = 0; i + size_t(keep) < tags.size(); ++i)
+      if (tags[i] != saved && tags[i] != latest) checkpoint::remove_tag(dir, tags[i]);
+  } catch (const std::exception& e) {
+    log::warn(std::string("save_checkpoint: keep_last: ") + e.what());
+  }
 }
 
 }  // namespace
@@ -195,6 +214,7 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
       reached(SavePoint::committed);
       if (options.save_latest) checkpoint::write_latest(dir, tag);
       reached(SavePoint::latest_written);
+      keep_last(dir, tag, s.config.tessera.checkpoint.keep_last);
     } catch (const std::exception& e) {
       failure = std::string("rank 0: ") + e.what();
     }

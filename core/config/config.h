@@ -304,10 +304,19 @@ struct RolloutConfig {
   TESSERA_CONFIG_EQ(RolloutConfig)
 };
 
+// tessera.checkpoint: Engine::save_checkpoint's housekeeping (DeepSpeed's own `checkpoint` block
+// holds format switches tessera does not need).
+struct CheckpointConfig {
+  std::int64_t keep_last = 0;  // after a save, remove all but the newest N tags (0: keep every one)
+  auto tie() const { return std::tie(keep_last); }
+  TESSERA_CONFIG_EQ(CheckpointConfig)
+};
+
 struct TesseraConfig {
   TransportConfig transport;
   RolloutConfig rollout;
-  auto tie() const { return std::tie(transport, rollout); }
+  CheckpointConfig checkpoint;
+  auto tie() const { return std::tie(transport, rollout, checkpoint); }
   TESSERA_CONFIG_EQ(TesseraConfig)
 };
 

@@ -355,6 +355,7 @@ class Checker {
     at_least("tessera.rollout.staging_budget_bytes", t.rollout.staging_budget_bytes, std::int64_t{1});
     at_least("tessera.rollout.max_rounds_in_flight", t.rollout.max_rounds_in_flight, std::int64_t{1});
     at_least("tessera.rollout.sync_timeout_ms", t.rollout.sync_timeout_ms, std::int64_t{1});
+    at_least("tessera.checkpoint.keep_last", t.checkpoint.keep_last, std::int64_t{0});
     if (t.rollout.replica_policy == affine::ReplicaPolicyKind::callback)  // set in code: a file cannot name it
       error("tessera.rollout.replica_policy", "a callback policy needs code; a configuration names lowest, local or balanced");
   }

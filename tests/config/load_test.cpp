@@ -8,6 +8,7 @@
 #include "core/config/load.h"
 #include "core/config/resolve_auto.h"
 #include "core/config/validate.h"
+#include "core/config/write.h"
 #include "tests/config/test_util.h"
 
 using namespace tessera::config;
@@ -322,4 +323,15 @@ TEST_CASE("[tessera.rollout]: given values are read, the default policy is lowes
   Config coded = none;
   coded.tessera.rollout.replica_policy = tessera::affine::ReplicaPolicyKind::callback;
   CHECK_THAT(config_error([&] { validate(coded); }), Catch::Contains("tessera.rollout.replica_policy"));
+}
+
+TEST_CASE("[tessera.checkpoint] keep_last: default 0 (keep every tag), >= 0, round-trips", "[load]") {
+  CHECK(load_toml("train_micro_batch_size_per_gpu = 1\n").tessera.checkpoint.keep_last == 0);
+  const Config given = load_toml("train_micro_batch_size_per_gpu = 1\n[tessera.checkpoint]\nkeep_last = 3\n");
+  CHECK(given.tessera.checkpoint.keep_last == 3);
+  CHECK(load_config_text(to_json(given), Format::json) == given);
+  CHECK_THAT(config_error([&] { load_toml("train_micro_batch_size_per_gpu = 1\n[tessera.checkpoint]\nkeep_last = -1\n"); }),
+             Catch::Contains("tessera.checkpoint.keep_last"));
+  CHECK_THAT(config_error([&] { load_toml("train_micro_batch_size_per_gpu = 1\n[tessera.checkpoint]\nkeep_lst = 2\n"); }),
+             Catch::Contains("keep_lst"));
 }

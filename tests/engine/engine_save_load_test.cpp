@@ -451,3 +451,20 @@ TEST_CASE("After a killed save", "[.kill_check]") {
     CHECK(entry.path().filename().string().find(".partial-") == std::string::npos);
   CHECK(engine->load_checkpoint(dir).tag == "third");
 }
+
+TEST_CASE("[tessera.checkpoint] keep_last = 2 keeps the two newest tags", "[keep]") {
+  const auto dir = fresh_dir("keep_last");
+  auto t = gpt();
+  auto engine = engine_for(t, config(1, "") + "[tessera.checkpoint]\nkeep_last = 2\n");
+  for (int step = 0; step < 4; ++step) {
+    train(*engine, t, step, step + 1);
+    engine->save_checkpoint(dir);
+  }
+  barrier();
+  std::vector<std::string> tags;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_directory()) tags.push_back(entry.path().filename().string());
+  std::sort(tags.begin(), tags.end());
+  CHECK(tags == std::vector<std::string>{"global_step3", "global_step4"});
+  CHECK(engine->load_checkpoint(dir).tag == "global_step4");
+}

@@ -168,9 +168,12 @@ template <class V> void visit(RolloutConfig& c, V& v) {
   v.field("sync_timeout_ms", c.sync_timeout_ms);
 }
 
+template <class V> void visit(CheckpointConfig& c, V& v) { v.field("keep_last", c.keep_last); }
+
 template <class V> void visit(TesseraConfig& c, V& v) {
   v.section("transport", c.transport);
   v.section("rollout", c.rollout);
+  v.section("checkpoint", c.checkpoint);
 }
 
 // The top level, except optimizer and scheduler, whose `type` decides their params (walked by
