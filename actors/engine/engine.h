@@ -131,11 +131,20 @@ enum class SavePoint : uint8_t {
   latest_written,     // rank 0, `latest` replaced
 };
 
+// Whether save_checkpoint returns once the checkpoint is committed or once this rank's state is
+// snapshotted (the writer thread writes and commits while training goes on).
+enum class SaveMode : uint8_t {
+  configured,    // [tessera.checkpoint] async_save decides
+  synchronous,
+  asynchronous,
+};
+
 // save_checkpoint's arguments (DeepSpeed's, by name).
 struct CheckpointSaveOptions {
   std::string tag;                  // the tag directory's name; empty: "global_step<N>"
   std::string client_state = "{}";  // a JSON object saved with the checkpoint, returned by load
   bool save_latest = true;          // point DIR/latest at this tag
+  SaveMode mode = SaveMode::configured;
   std::function<void(SavePoint)> at_point_for_testing;
 };
 
@@ -294,8 +303,13 @@ class Engine {
   // uses, and continues bit for bit where the save left off (engine_checkpoint.cpp,
   // core/checkpoint/). A bad checkpoint is a CheckpointError naming the file and tensor, raised
   // on every rank before any state changes.
+  // An asynchronous save returns the tag directory it will commit; its failure is raised by
+  // wait_for_checkpoint(), the next save or load, which wait for it (as the engine's destruction does).
   std::string save_checkpoint(const std::string& dir, const CheckpointSaveOptions& options = {});
   CheckpointLoaded load_checkpoint(const std::string& dir, const CheckpointLoadOptions& options = {});
+  void wait_for_checkpoint();
+  // Host memory the asynchronous saves snapshot into (0 before the first one).
+  int64_t checkpoint_staging_bytes() const;
   void train();
   void eval();
   std::shared_ptr<torch::nn::Module> module() const;

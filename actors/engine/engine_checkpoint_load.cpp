@@ -221,6 +221,7 @@ void execute(const LoadPlan& plan, const EngineStorage& storage, int rank) {
 CheckpointLoaded Engine::load_checkpoint(const std::string& dir, const CheckpointLoadOptions& options) {
   auto& s = *impl_;
   s.rethrow_pending();
+  wait_for_checkpoint();  // an asynchronous save in flight commits first (or raises here)
   for (const auto& g : s.groups)
     if (g.client_step && !options.load_module_only)
       throw CheckpointError("load_checkpoint: the client optimizer keeps its own state outside tessera's buffers; "

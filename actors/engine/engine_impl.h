@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/bucket_staging.h"
+#include "actors/engine/checkpoint_writer.h"
 #include "actors/engine/engine.h"
 #include "actors/engine/engine_settings.h"
 #include "actors/engine/group_resolution.h"
@@ -62,6 +63,7 @@ struct Engine::Impl {
   std::string comm_name;
   std::shared_ptr<transport::Communicator> control;
   transport::Communicator* control_comm();  // nullptr on one rank
+  std::unique_ptr<CheckpointWriter> writer;  // asynchronous saves (made at the first)
   void refuse_in_inference(const char* what) const {
     if (inference)
       throw Error(std::string(what) + ": this is a ZeRO inference engine (initialize without an optimizer): it runs "
@@ -130,6 +132,7 @@ struct Engine::Impl {
     caf::anon_send(reducer, actors::flush_atom::value);
   }
   ~Impl() {
+    writer.reset();  // an asynchronous save in flight finishes first (it uses the control communicator)
     hooks.reset();  // disarm before the actors go
     if (stage3) zero::unregister_units(stage3.get());
     if (reducer) caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);

@@ -8,6 +8,9 @@
 //   raw_read   that raw file read sequentially after dropping its pages (posix_fadvise DONTNEED on
 //              clean, synced pages: the disk is measured, not memory)
 //   load       Engine::load_checkpoint at the same layout after dropping the checkpoint's pages
+//   async_save_blocked  an asynchronous save: the time save_checkpoint blocks training (the
+//              snapshot into the writer's staging area); ratio_to_raw here = synchronous save / this
+//   async_save_total    until the asynchronous save is committed
 //   load_other load into an engine at --other-stage (another layout), pages dropped likewise
 // One JSON line each with seconds, MiB/s and ratio_to_raw (raw seconds / seconds; 1.0 = as fast as
 // raw I/O), plus peak RSS. Checkpoints go to --dir (use a real disk, not tmpfs).
@@ -126,7 +129,7 @@ int main(int argc, char** argv) {
   fs::create_directories(root);
   auto other_model = mlp(width, layers);
   auto other = tessera::initialize(other_model.ptr(), tessera::config::load_config_text(toml(other_stage), tessera::config::Format::toml, "bench2")).engine;
-  std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s;
+  std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s, blocked_s, async_total_s;
   int64_t file_bytes = 0;
   const std::string raw_path = root + "/raw_rank" + std::to_string(env.rank);
   engine->save_checkpoint(root, {"bench"});  // a first save: the file's size and bytes for the raw baseline
@@ -146,6 +149,15 @@ int main(int argc, char** argv) {
     if (i % 2) raw(), save();
     else save(), raw();
     if (i > 0) fs::remove(raw_path + "." + std::to_string(i - 1));
+    {  // asynchronous: the time training is blocked (snapshot into the reused staging area)
+      tessera::CheckpointSaveOptions async{"bench"};
+      async.mode = tessera::SaveMode::asynchronous;
+      const auto t = Clock::now();
+      engine->save_checkpoint(root, async);
+      blocked_s.push_back(since(t));
+      engine->wait_for_checkpoint();
+      async_total_s.push_back(since(t));
+    }
     raw_r_s.push_back(raw_read(raw_now));
     drop_tree(root + "/bench");
     auto t = Clock::now();
@@ -174,6 +186,8 @@ int main(int argc, char** argv) {
   };
   line("raw_write", best_raw_w, best_raw_w);
   line("save", best_save, best_raw_w);
+  line("async_save_blocked", median(blocked_s), best_save);  // ratio: sync save seconds / blocked seconds
+  line("async_save_total", median(async_total_s), best_raw_w);
   line("raw_read", best_raw_r, best_raw_r);
   line("load", best_load, best_raw_r);
   line("load_other_layout", best_other, best_load);  // ratio: same-layout load seconds / other-layout seconds

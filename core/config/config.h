@@ -308,7 +308,8 @@ struct RolloutConfig {
 // holds format switches tessera does not need).
 struct CheckpointConfig {
   std::int64_t keep_last = 0;  // after a save, remove all but the newest N tags (0: keep every one)
-  auto tie() const { return std::tie(keep_last); }
+  bool async_save = false;     // save_checkpoint snapshots and returns; a writer thread writes and commits
+  auto tie() const { return std::tie(keep_last, async_save); }
   TESSERA_CONFIG_EQ(CheckpointConfig)
 };
 

@@ -165,17 +165,23 @@ Counters counters(const Engine& e) {
   return {e.global_steps(), e.micro_steps(), e.skipped_steps(), e.loss_scale(), e.get_lr(), e.last_lrs()};
 }
 
-void exact_resume(const std::string& name, const std::function<Trainee()>& make, const std::string& toml) {
+// Asynchronous: the save returns after the snapshot and training goes on while the writer writes;
+// the checkpoint must hold the state of the save, not of later steps.
+void exact_resume(const std::string& name, const std::function<Trainee()>& make, const std::string& toml,
+                  tessera::SaveMode mode = tessera::SaveMode::synchronous) {
   INFO(name);
   const auto dir = fresh_dir(name);
   auto first = make();
   auto engine = engine_for(first, toml);
   train(*engine, first, 0, 3);
-  const auto path = engine->save_checkpoint(dir, {"", R"({"epoch": 7, "seen": [1, 2]})"});
-  CHECK(path == (fs::path(dir) / "global_step3").string());
   const auto at_save = buffers(*engine);
   const auto counters_at_save = counters(*engine);
+  tessera::CheckpointSaveOptions save{"", R"({"epoch": 7, "seen": [1, 2]})"};
+  save.mode = mode;
+  const auto path = engine->save_checkpoint(dir, save);
+  CHECK(path == (fs::path(dir) / "global_step3").string());
   train(*engine, first, 3, 5);
+  engine->wait_for_checkpoint();
   const auto at_end = buffers(*engine);
   const auto counters_at_end = counters(*engine);
 
@@ -262,6 +268,50 @@ TEST_CASE("Exact resume: a NaN-filled engine loads the checkpoint and continues 
   for (int stage : {1, 2})
     exact_resume("fp16_stage" + std::to_string(stage), mlp,
                  config(stage, "[fp16]\nenabled = true\ninitial_scale_power = 10\nloss_scale_window = 2\nhysteresis = 1\n"));
+}
+
+TEST_CASE("Asynchronous saves: the state of the save, training goes on meanwhile; the staging area is reused",
+          "[resume][async]") {
+  for (int stage : {1, 3}) {
+    exact_resume("async_fp32_stage" + std::to_string(stage), [] { return gpt(); }, config(stage, ""),
+                 tessera::SaveMode::asynchronous);
+    exact_resume("async_bf16_stage" + std::to_string(stage), [] { return gpt(); },
+                 config(stage, "[bf16]\nenabled = true\n"), tessera::SaveMode::asynchronous);
+  }
+  // The config's switch, and one staging area for many saves.
+  const auto dir = fresh_dir("async_reuse");
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, "") + "[tessera.checkpoint]\nasync_save = true\nkeep_last = 1\n");
+  int64_t staged = -1;
+  for (int step = 0; step < 6; ++step) {
+    train(*engine, t, step, step + 1);
+    engine->save_checkpoint(dir);
+    if (staged < 0) staged = engine->checkpoint_staging_bytes();
+    CHECK(engine->checkpoint_staging_bytes() == staged);
+  }
+  CHECK(staged > 0);
+  const auto at_end = buffers(*engine);
+  CHECK(engine->load_checkpoint(dir).tag == "global_step6");  // waits for the save in flight
+  CHECK(differing(at_end, buffers(*engine)).empty());
+}
+
+TEST_CASE("An asynchronous save that fails raises on every rank at the next wait; the engine goes on", "[async]") {
+  const auto dir = fresh_dir("async_failure");
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, ""));
+  train(*engine, t, 0, 1);
+  tessera::CheckpointSaveOptions options{"broken"};
+  options.mode = tessera::SaveMode::asynchronous;
+  options.at_point_for_testing = [](tessera::SavePoint p) {
+    if (p == tessera::SavePoint::rank_file_written && kRank == kWorld - 1) throw tessera::Error("disk on fire");
+  };
+  engine->save_checkpoint(dir, options);
+  train(*engine, t, 1, 2);
+  CHECK_THROWS_WITH(engine->wait_for_checkpoint(), Catch::Contains("nothing was committed") && Catch::Contains("disk on fire"));
+  CHECK_FALSE(fs::exists(fs::path(dir) / "broken"));
+  engine->wait_for_checkpoint();  // raised once
+  engine->save_checkpoint(dir, {"good"});
+  CHECK(engine->load_checkpoint(dir).tag == "good");
 }
 
 TEST_CASE("A bad checkpoint is refused on every rank, naming the file or tensor, and nothing changes", "[errors]") {
@@ -416,6 +466,7 @@ TEST_CASE("A save killed at a given point", "[.kill_save]") {
   engine->save_checkpoint(dir, {"first"});
   train(*engine, t, 1, 2);
   tessera::CheckpointSaveOptions options{"second"};
+  if (env_or("TESSERA_KILL_ASYNC", "0") == "1") options.mode = tessera::SaveMode::asynchronous;
   options.at_point_for_testing = [&](tessera::SavePoint p) {
     static const std::map<std::string, tessera::SavePoint> points{
         {"rank_file_written", tessera::SavePoint::rank_file_written},
@@ -425,6 +476,8 @@ TEST_CASE("A save killed at a given point", "[.kill_save]") {
     if (kRank == kill_rank && points.at(point) == p) ::kill(::getpid(), SIGKILL);
   };
   engine->save_checkpoint(dir, options);
+  train(*engine, t, 2, 3);  // an asynchronous save is killed on the writer's thread meanwhile
+  engine->wait_for_checkpoint();
   FAIL("rank " << kRank << " returned from the save it was to be killed in");
 }
 

@@ -168,7 +168,10 @@ template <class V> void visit(RolloutConfig& c, V& v) {
   v.field("sync_timeout_ms", c.sync_timeout_ms);
 }
 
-template <class V> void visit(CheckpointConfig& c, V& v) { v.field("keep_last", c.keep_last); }
+template <class V> void visit(CheckpointConfig& c, V& v) {
+  v.field("keep_last", c.keep_last);
+  v.field("async_save", c.async_save);
+}
 
 template <class V> void visit(TesseraConfig& c, V& v) {
   v.section("transport", c.transport);
