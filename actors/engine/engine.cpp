@@ -1,6 +1,7 @@
 #include "actors/engine/engine.h"
 
 #include "actors/engine/engine_impl.h"
+#include "actors/engine/sigterm_flag.h"
 
 #include <caf/all.hpp>
 #include <torch/nn/module.h>
@@ -328,6 +329,7 @@ Initialized initialize(std::shared_ptr<torch::nn::Module> model, const config::C
   if (rank == 0) {
     for (const auto& warning : resolved.warnings) log::warn("config: " + warning);
   }
+  if (!resolved.tessera.checkpoint.sigterm_save_dir.empty()) install_sigterm_flag();
   Initialized out;
   out.engine = std::make_shared<Engine>(std::move(impl));
   out.optimizer = std::make_shared<EngineOptimizer>(out.engine);
@@ -415,6 +417,7 @@ void Engine::step() {
   }
   ++s.global;
   s.micro->updated();
+  if (!s.config.tessera.checkpoint.sigterm_save_dir.empty()) save_and_exit_after_sigterm();
 }
 
 void Engine::zero_grad() {

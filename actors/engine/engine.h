@@ -321,6 +321,9 @@ class Engine {
   explicit Engine(std::unique_ptr<Impl> impl);
 
  private:
+  // [tessera.checkpoint] sigterm_save_dir: after an update, whether any rank got SIGTERM (agreed
+  // on the control communicator); if so, save there and end the process with status 0.
+  void save_and_exit_after_sigterm();
   std::unique_ptr<Impl> impl_;
 };
 

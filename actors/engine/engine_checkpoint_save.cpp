@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
@@ -15,9 +17,11 @@
 #include "actors/engine/checkpoint_save_job.h"
 #include "actors/engine/checkpoint_support.h"
 #include "actors/engine/engine_impl.h"
+#include "actors/engine/sigterm_flag.h"
 #include "core/affine/serialize.h"
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/config/write.h"
+#include "core/log/log.h"
 #include "transport/communicator.h"
 
 namespace fs = std::filesystem;
@@ -163,6 +167,28 @@ transport::Communicator* Engine::Impl::control_comm() {
     control = transport::Communicator::gloo(actors::job_store(), spec->rank, spec->world, options);
   }
   return control.get();
+}
+
+}  // namespace tessera
+
+namespace tessera {
+
+void Engine::save_and_exit_after_sigterm() {
+  auto& s = *impl_;
+  auto* comm = s.control_comm();
+  auto flag = at::full({1}, sigterm_received() ? 1 : 0, at::kInt);
+  transport::ReduceOptions max;
+  max.op = transport::ReduceOp::max;
+  if (comm) comm->all_reduce(flag, max)->wait();  // any rank's SIGTERM is every rank's
+  if (flag.item<int>() == 0) return;
+  const auto& dir = s.config.tessera.checkpoint.sigterm_save_dir;
+  CheckpointSaveOptions options;
+  options.mode = SaveMode::synchronous;
+  const auto path = save_checkpoint(dir, options);
+  if (s.spec->rank == 0) log::warn("SIGTERM: saved checkpoint " + path + " at step " + std::to_string(s.global) + "; exiting");
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(0);  // the checkpoint is synced; destructors of actors and sockets are not needed to keep it
 }
 
 }  // namespace tessera

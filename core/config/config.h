@@ -309,7 +309,10 @@ struct RolloutConfig {
 struct CheckpointConfig {
   std::int64_t keep_last = 0;  // after a save, remove all but the newest N tags (0: keep every one)
   bool async_save = false;     // save_checkpoint snapshots and returns; a writer thread writes and commits
-  auto tie() const { return std::tie(keep_last, async_save); }
+  // Non-empty: on SIGTERM (tessera-launch forwards it to every rank) every rank saves a checkpoint
+  // here at the next step() that ends a batch, agreed across ranks, and the process exits 0.
+  std::string sigterm_save_dir;
+  auto tie() const { return std::tie(keep_last, async_save, sigterm_save_dir); }
   TESSERA_CONFIG_EQ(CheckpointConfig)
 };
 

@@ -521,3 +521,27 @@ TEST_CASE("[tessera.checkpoint] keep_last = 2 keeps the two newest tags", "[keep
   CHECK(tags == std::vector<std::string>{"global_step3", "global_step4"});
   CHECK(engine->load_checkpoint(dir).tag == "global_step4");
 }
+
+// Preemption (save_load_sigterm.py): the job trains until SIGTERM reaches the launcher, which
+// forwards it; every rank saves at the next step boundary and exits 0.
+TEST_CASE("Trains until SIGTERM, then saves", "[.sigterm]") {
+  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  REQUIRE(!dir.empty());
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, "") + "[tessera.checkpoint]\nsigterm_save_dir = \"" + dir + "\"\n");
+  for (int step = 0; step < 100000; ++step) {
+    train(*engine, t, step, step + 1);
+    if (step == 2 && kRank == 0) std::ofstream(dir + "/.ready") << "3\n";  // the driver may signal now
+  }
+  FAIL("trained 100000 steps without a SIGTERM");
+}
+
+TEST_CASE("The checkpoint SIGTERM left", "[.sigterm_check]") {
+  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, ""));
+  const auto loaded = engine->load_checkpoint(dir);
+  CHECK(engine->global_steps() >= 3);
+  CHECK(loaded.tag == "global_step" + std::to_string(engine->global_steps()));
+  train(*engine, t, int(engine->global_steps()), int(engine->global_steps()) + 1);
+}

@@ -171,6 +171,7 @@ template <class V> void visit(RolloutConfig& c, V& v) {
 template <class V> void visit(CheckpointConfig& c, V& v) {
   v.field("keep_last", c.keep_last);
   v.field("async_save", c.async_save);
+  v.field("sigterm_save_dir", c.sigterm_save_dir);
 }
 
 template <class V> void visit(TesseraConfig& c, V& v) {
