@@ -14,8 +14,10 @@
 #include <torch/torch.h>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -393,6 +395,43 @@ TEST_CASE("A bad checkpoint is refused on every rank, naming the file or tensor,
   CHECK(engine->global_steps() == 1);
 }
 
+// A full disk on one rank, as RLIMIT_FSIZE makes it (writes past the limit fail with EFBIG once
+// SIGXFSZ is ignored): every rank raises, nothing is committed or left behind, the last checkpoint
+// still loads and the engine trains and saves on.
+TEST_CASE("A save that runs out of space on one rank commits nothing and leaves the engine usable", "[errors]") {
+  const auto dir = fresh_dir("full_disk");
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, ""));
+  train(*engine, t, 0, 1);
+  engine->save_checkpoint(dir, {"before"});
+  train(*engine, t, 1, 2);
+  const bool limited = kRank == kWorld - 1;
+  struct rlimit old_limit;
+  ::getrlimit(RLIMIT_FSIZE, &old_limit);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  if (limited) {
+    struct rlimit small = old_limit;
+    small.rlim_cur = 64 << 10;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  }
+  try {
+    engine->save_checkpoint(dir, {"full"});
+    FAIL("a save past the disk's space was committed");
+  } catch (const CheckpointError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("nothing was committed") && Catch::Contains("rank" + std::to_string(kWorld - 1) + ".safetensors"));
+  }
+  if (limited) ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  barrier();
+  CHECK_FALSE(fs::exists(fs::path(dir) / "full"));
+  for (const auto& entry : fs::directory_iterator(dir))
+    CHECK(entry.path().filename().string().find(".partial-") == std::string::npos);
+  CHECK(engine->load_checkpoint(dir).tag == "before");
+  train(*engine, t, 1, 2);
+  engine->save_checkpoint(dir, {"after"});
+  CHECK(engine->load_checkpoint(dir).tag == "after");
+}
+
 TEST_CASE("Save inside a batch is refused; a bad tag is refused", "[errors]") {
   const auto dir = fresh_dir("inside_batch");
   auto t = gpt();
@@ -544,4 +583,35 @@ TEST_CASE("The checkpoint SIGTERM left", "[.sigterm_check]") {
   CHECK(engine->global_steps() >= 3);
   CHECK(loaded.tag == "global_step" + std::to_string(engine->global_steps()));
   train(*engine, t, int(engine->global_steps()), int(engine->global_steps()) + 1);
+}
+
+// The stress script (tools/checkpoint_kill_stress.py) kills this job at random moments: it saves
+// after every step, forever, keeping the newest two tags.
+TEST_CASE("Saves after every step until killed", "[.stress_save]") {
+  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  REQUIRE(!dir.empty());
+  const bool async = env_or("TESSERA_STRESS_ASYNC", "0") == "1";
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, "") + "[tessera.checkpoint]\nkeep_last = 2\n");
+  int step = 0;
+  try {
+    engine->load_checkpoint(dir);  // a later run goes on from the latest
+    step = int(engine->global_steps());
+  } catch (const CheckpointError&) {  // the first run: nothing saved yet
+  }
+  for (;; ++step) {
+    train(*engine, t, step, step + 1);
+    tessera::CheckpointSaveOptions options;
+    options.mode = async ? tessera::SaveMode::asynchronous : tessera::SaveMode::synchronous;
+    engine->save_checkpoint(dir, options);
+  }
+}
+
+TEST_CASE("The latest checkpoint loads after a kill", "[.stress_check]") {
+  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, ""));
+  const auto loaded = engine->load_checkpoint(dir);
+  CHECK(loaded.tag == "global_step" + std::to_string(engine->global_steps()));
+  if (kRank == 0) std::printf("loaded %s\n", loaded.tag.c_str());
 }
