@@ -42,12 +42,17 @@ try:
         # The first save must have happened for there to be something to keep.
         job = subprocess.Popen([sys.executable, launch, "--nproc-per-node", "2", "--master-port", str(args.port),
                                 "--job", f"stress_{i}", "--grace-period", "2", "--", program, "[.stress_save]"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while not os.path.exists(os.path.join(root, "latest")) and job.poll() is None:
             time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 1.5))
-        os.killpg(job.pid, signal.SIGKILL)  # the launcher and every rank at once
+        time.sleep(rng.uniform(0.3, 2.5))
+        # The launcher and every rank (each rank runs in a process group of its own): ranks first,
+        # so the launcher cannot react; a rank left running would keep saving into the directory.
+        subprocess.run(["pkill", "-KILL", "-P", str(job.pid)], check=False)
+        os.kill(job.pid, signal.SIGKILL)
         job.wait()
+        while subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True).returncode == 0:
+            time.sleep(0.01)
         check = subprocess.run([sys.executable, launch, "--nproc-per-node", "2", "--master-port", str(args.port + 1),
                                 "--job", f"stress_check_{i}", "--grace-period", "2", "--", program, "[.stress_check]"],
                                env=env, capture_output=True, text=True, timeout=300)

@@ -34,16 +34,6 @@ std::string first_error(const std::vector<std::string>& errors) {
   return "";
 }
 
-affine::DType affine_dtype(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return affine::DType::f32;
-    case at::kBFloat16: return affine::DType::bf16;
-    case at::kHalf: return affine::DType::f16;
-    case at::kDouble: return affine::DType::f64;
-    default: throw CheckpointError(std::string("checkpoint: a buffer of dtype ") + c10::toString(type) + " cannot be saved");
-  }
-}
-
 checkpoint::RankAliases find_aliases(const EngineStorage& storage) {
   checkpoint::RankAliases out;
   for (const auto& [key, t] : storage.buffers) {

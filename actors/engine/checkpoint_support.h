@@ -25,8 +25,6 @@ std::vector<std::string> all_gather_strings(transport::Communicator* comm, const
 // The first error any rank reported ("" from every rank: none), as one message naming the rank.
 std::string first_error(const std::vector<std::string>& errors);
 
-affine::DType affine_dtype(at::ScalarType type);
-
 // This rank's buffers that lie inside another of its buffers of the same dtype (fp32 masters
 // inside the weights), with their offset there.
 checkpoint::RankAliases find_aliases(const EngineStorage& storage);

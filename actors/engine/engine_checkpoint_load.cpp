@@ -41,16 +41,6 @@ struct LoadPlan {
   std::map<std::pair<int, std::string>, SourceBuffer> sources;
 };
 
-at::ScalarType scalar_type(affine::DType d) {
-  switch (d) {
-    case affine::DType::f32: return at::kFloat;
-    case affine::DType::bf16: return at::kBFloat16;
-    case affine::DType::f16: return at::kHalf;
-    case affine::DType::f64: return at::kDouble;
-    default: throw CheckpointError(std::string("checkpoint: unsupported dtype ") + affine::dtype_name(d));
-  }
-}
-
 void check_identity(const checkpoint::Manifest& m, const Engine::Impl& s, const std::string& where) {
   if (m.tp_size != 1)
     throw CheckpointError(where + ": saved at tensor-parallel size " + std::to_string(m.tp_size) +

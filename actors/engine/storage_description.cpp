@@ -2,8 +2,7 @@
 
 #include "core/error.h"
 
-namespace tessera::actors {
-namespace {
+namespace tessera {
 
 affine::DType affine_dtype(at::ScalarType t) {
   switch (t) {
@@ -15,7 +14,19 @@ affine::DType affine_dtype(at::ScalarType t) {
   }
 }
 
-}  // namespace
+at::ScalarType scalar_type(affine::DType d) {
+  switch (d) {
+    case affine::DType::f32: return at::kFloat;
+    case affine::DType::bf16: return at::kBFloat16;
+    case affine::DType::f16: return at::kHalf;
+    case affine::DType::f64: return at::kDouble;
+    default: throw Error(std::string("storage maps: no engine buffer of dtype ") + affine::dtype_name(d));
+  }
+}
+
+}  // namespace tessera
+
+namespace tessera::actors {
 
 EngineStorage describe_storage(const EngineSpec& spec, const Buffers& parameters, const OptimizerStates& optimizer) {
   EngineStorage out;

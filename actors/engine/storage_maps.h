@@ -32,6 +32,10 @@ struct StoredTensorMap {
   affine::TensorMap map;    // map.name is the parameter's dotted name
 };
 
+// The affine dtype of an engine buffer (f32, bf16, f16, f64; an Error names any other), and back.
+affine::DType affine_dtype(at::ScalarType type);
+at::ScalarType scalar_type(affine::DType dtype);
+
 struct EngineStorage {
   std::vector<StoredTensorMap> maps;
   std::map<std::string, at::Tensor> buffers;  // this rank's flat buffers, by "<kind>/<group>"

@@ -32,10 +32,6 @@ affine::DType affine_dtype(at::ScalarType t, const std::string& what) {
   throw ConfigError("weight sync: " + what + " is " + std::string(c10::toString(t)) + "; weights sync as fp32, bf16 or fp16");
 }
 
-at::ScalarType scalar_type(affine::DType t) {
-  return t == affine::DType::bf16 ? at::kBFloat16 : t == affine::DType::f16 ? at::kHalf : at::kFloat;
-}
-
 std::string node_name() {
   if (const char* name = std::getenv("TESSERA_NODE_NAME"); name && *name) return name;
   char host[256] = {};

@@ -31,7 +31,6 @@ namespace tessera {
 
 double ms_since(std::chrono::steady_clock::time_point t);
 affine::DType affine_dtype(at::ScalarType t, const std::string& what);
-at::ScalarType scalar_type(affine::DType t);
 // The node this process runs on, for the "local" replica policy: TESSERA_NODE_NAME, else the host name.
 std::string node_name();
 

@@ -137,11 +137,18 @@ std::vector<std::string> committed_tags(const std::string& root) {
   return out;
 }
 
+// Out of sight in one rename first (a partial directory, which the next save clears if a kill
+// interrupts the removal), so no tag is ever half removed.
 void remove_tag(const std::string& root, const std::string& tag) {
   check_tag(tag);
+  const auto from = fs::path(root) / tag;
+  const auto to = partial_dir(root, tag, "removed");
   std::error_code ec;
-  fs::remove_all(fs::path(root) / tag, ec);
-  if (ec) throw CheckpointError((fs::path(root) / tag).string() + ": cannot be removed: " + ec.message());
+  fs::remove_all(to, ec);
+  fs::rename(from, to, ec);
+  if (ec) throw CheckpointError(from.string() + ": cannot be removed: " + ec.message());
+  fsync_path(root);
+  fs::remove_all(to, ec);
 }
 
 }  // namespace tessera::checkpoint
