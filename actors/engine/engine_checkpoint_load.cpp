@@ -278,10 +278,7 @@ CheckpointLoaded Engine::load_checkpoint(const std::string& dir, const Checkpoin
   s.global = c.global_steps, s.skipped = c.skipped_steps;
   s.micro->restore(c.micro_steps);
   s.last_lrs = c.last_lrs;
-  if (s.scaler && c.has_loss_scaler) {
-    const auto& l = c.loss_scaler;
-    s.scaler->restore({l.scale, l.iteration, l.last_overflow_iteration, l.hysteresis_left, l.skipped_steps});
-  }
+  if (s.scaler && c.has_loss_scaler) s.scaler->restore(c.loss_scaler);
   for (size_t g = 0; g < s.groups.size() && g < c.group_lrs.size(); ++g) {
     s.groups[g].options.lr = c.group_lrs[g];
     s.schedules[g] = optim::LrSchedule(actors::group_schedule(s.settings, s.groups[g].options));

@@ -46,9 +46,8 @@ checkpoint::EngineCounters counters(const Engine::Impl& s, int64_t optimizer_upd
   for (const auto& g : s.groups) c.group_lrs.push_back(g.options.lr);
   c.last_lrs = s.last_lrs;
   if (s.scaler) {
-    const auto snap = s.scaler->snapshot();
     c.has_loss_scaler = true;
-    c.loss_scaler = {snap.scale, snap.iteration, snap.last_overflow_iteration, snap.hysteresis_left, snap.skipped_steps};
+    c.loss_scaler = s.scaler->snapshot();
   }
   return c;
 }

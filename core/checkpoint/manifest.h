@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/affine/affine_map.h"
+#include "core/optim/loss_scaler.h"  // LossScalerSnapshot: a struct, no LibTorch
 
 namespace tessera::checkpoint {
 
@@ -59,14 +60,6 @@ struct ParameterInfo {
   affine::Dims shape;
 };
 
-struct LossScalerState {
-  double scale = 1.0;
-  int64_t iteration = 0;
-  int64_t last_overflow_iteration = -1;
-  int64_t hysteresis_left = 0;
-  int64_t skipped_steps = 0;
-};
-
 // The engine's counters, enough to continue bit for bit.
 struct EngineCounters {
   int64_t global_steps = 0;
@@ -76,7 +69,7 @@ struct EngineCounters {
   std::vector<double> group_lrs;       // each parameter group's lr setting (set_lr)
   std::vector<double> last_lrs;        // the lrs of the last update (get_last_lr)
   bool has_loss_scaler = false;
-  LossScalerState loss_scaler;
+  optim::LossScalerSnapshot loss_scaler;
 };
 
 struct Manifest {
