@@ -615,3 +615,47 @@ TEST_CASE("The latest checkpoint loads after a kill", "[.stress_check]") {
   CHECK(loaded.tag == "global_step" + std::to_string(engine->global_steps()));
   if (kRank == 0) std::printf("loaded %s\n", loaded.tag.c_str());
 }
+
+TEST_CASE("load_optimizer_states = false: the weights, masters from them, states kept; load_module_only: counters kept",
+          "[partial_load]") {
+  const auto dir = fresh_dir("partial_load");
+  const auto toml = config(2, "[bf16]\nenabled = true\n");
+  auto t = gpt();
+  auto saved = engine_for(t, toml);
+  train(*saved, t, 0, 3);
+  saved->save_checkpoint(dir);
+  const auto at_save = buffers(*saved);
+  auto other = gpt(123);
+  auto engine = engine_for(other, toml);
+  train(*engine, other, 0, 1);
+  const auto before = buffers(*engine);
+  tessera::CheckpointLoadOptions weights_only;
+  weights_only.load_optimizer_states = false;
+  engine->load_checkpoint(dir, weights_only);
+  auto now = buffers(*engine);
+  CHECK(torch::equal(now.at("param/0"), at_save.at("param/0")));
+  CHECK(torch::equal(now.at("exp_avg/0"), before.at("exp_avg/0")));  // this engine's own states
+  CHECK_FALSE(torch::equal(now.at("exp_avg/0"), at_save.at("exp_avg/0")));
+  // The fp32 masters are the loaded bf16 weights (this rank's partition of them, where mapped).
+  const auto storage = engine->storage_maps();
+  for (const auto& m : storage.maps) {
+    if (m.kind != "master") continue;
+    const auto mine = m.map.ranks.find(kRank);
+    if (mine == m.map.ranks.end()) continue;
+    for (const auto& piece : mine->second.pieces) {
+      const auto n = piece.box.volume();
+      if (n == 0) continue;
+      auto master = now.at("master/0").narrow(0, piece.offset, n);
+      CHECK(torch::equal(master, master.to(torch::kBFloat16).to(torch::kFloat)));  // exactly representable
+    }
+  }
+  CHECK(engine->global_steps() == 3);  // the counters come with the weights
+  tessera::CheckpointLoadOptions module_only;
+  module_only.load_module_only = true;
+  auto third = gpt(5);
+  auto fresh = engine_for(third, toml);
+  train(*fresh, third, 0, 1);
+  fresh->load_checkpoint(dir, module_only);
+  CHECK(torch::equal(buffers(*fresh).at("param/0"), at_save.at("param/0")));
+  CHECK(fresh->global_steps() == 1);  // untouched
+}
