@@ -44,6 +44,8 @@
 #include <string>
 #include <vector>
 
+#include "core/config/config.h"  // the defaults of [tessera.transport] / [tessera.rollout], written once there
+
 namespace tessera::transport {
 
 class Store;
@@ -57,7 +59,7 @@ struct CommunicatorOptions {
   // Name in the store and in errors ("world", "dp0", ...). Unique per job.
   std::string name = "world";
   // Default timeout of every operation and of the backend's own waits (Gloo pairs).
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds timeout{config::TransportConfig{}.collective_timeout_ms};
   // Gloo: the address the pairs listen on; "" = GLOO_SOCKET_IFNAME's interface when set, else the
   // local address facing MASTER_ADDR (loopback on one node), so that ranks on other nodes reach it.
   std::string gloo_hostname;

@@ -31,13 +31,15 @@
 #include <string>
 #include <vector>
 
+#include "core/config/config.h"  // the defaults of [tessera.transport] / [tessera.rollout], written once there
+
 namespace tessera::transport {
 
 struct StoreOptions {
   // The job namespace; every key gets the prefix "<job>/".
   std::string job = "default";
   // Default bound of every wait and get through this handle.
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds timeout{config::TransportConfig{}.collective_timeout_ms};
 };
 
 struct TcpStoreOptions {
@@ -46,7 +48,7 @@ struct TcpStoreOptions {
   // Whether this process runs the server (exactly one process per host:port).
   bool is_server = false;
   // How long a client keeps trying to reach the server.
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds connect_timeout{config::TransportConfig{}.connect_timeout_ms};
   // What clients must prove they hold (HMAC-SHA256 of the server's nonce). Empty: an empty key,
   // i.e. anyone who can reach the address (only sensible on a single-user machine).
   std::string secret;

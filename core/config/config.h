@@ -281,6 +281,8 @@ struct CompileConfig {
 };
 
 // tessera.transport: how ranks reach each other (DeepSpeed has no keys for this).
+// The transport's option structs (CommunicatorOptions, StoreOptions, TcpStoreOptions,
+// RemoteExecutorOptions) take their defaults from here, so each is written once.
 struct TransportConfig {
   TransportBackend backend = TransportBackend::automatic;  // auto: UCX when usable, else Gloo
   std::int64_t connect_timeout_ms = 60'000;      // rendezvous and endpoint creation

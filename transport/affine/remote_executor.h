@@ -60,6 +60,7 @@
 
 #include "core/affine/local_executor.h"
 #include "core/affine/plan.h"
+#include "core/config/config.h"  // the defaults of [tessera.transport] / [tessera.rollout], written once there
 
 namespace tessera::transport {
 
@@ -97,8 +98,8 @@ struct TransferHooks {
 };
 
 struct RemoteExecutorOptions {
-  int64_t staging_bytes = int64_t{64} << 20;  // bytes in flight per process per round
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  int64_t staging_bytes = config::RolloutConfig{}.staging_budget_bytes;  // bytes in flight per process per round
+  std::chrono::milliseconds timeout{config::TransportConfig{}.collective_timeout_ms};
   // A process putting more than this into mapped targets in one batch copies with streaming
   // stores (streaming_copy.h), contiguous runs included; 0: always.
   int64_t streaming_copy_bytes = int64_t{32} << 20;
