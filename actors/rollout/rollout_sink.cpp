@@ -3,10 +3,9 @@
 
 #include <condition_variable>
 #include <mutex>
-#include <thread>
 
 #include "actors/ask.h"
-#include "actors/rollout/sink_protocol.h"
+#include "actors/rollout/rollout_sink_actor.h"
 #include "actors/rollout/rollout_engine.h"
 #include "actors/rollout/sync_link.h"
 #include "actors/rollout/weight_sync.h"
@@ -29,7 +28,7 @@ struct SinkCore {
   RolloutEngine* rollout = nullptr;
   std::vector<size_t> param_index;               // per plan: its position in module()->parameters()
   std::vector<std::vector<uint8_t>> received;    // per training rank: its delta packet to this rank
-  std::atomic<bool> stop{false};
+  std::shared_ptr<std::atomic<bool>> stop = std::make_shared<std::atomic<bool>>(false);  // the actor's SinkWork::stop
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -54,7 +53,7 @@ WeightSyncStats SinkCore::receive(bool listening) {
   auto& l = *link;
   WeightSyncStats stats;
   stats.plan_ms = l.plan_once();
-  if (!l.wait_for_start(l.options.timeout, listening ? &stop : nullptr)) return stats;  // stopped
+  if (!l.wait_for_start(l.options.timeout, listening ? stop.get() : nullptr)) return stats;  // stopped
   const bool double_buffered = l.options.mode == SinkMode::double_buffered;
   auto live = rollout->model().module()->parameters();
   std::vector<at::Tensor> written;
@@ -153,33 +152,6 @@ void SinkCore::record(const WeightSyncStats* stats, std::exception_ptr error) {
   changed.notify_all();
 }
 
-actors::rollout_sink_actor::behavior_type rollout_sink(actors::rollout_sink_actor::pointer self,
-                                                       std::shared_ptr<SinkCore> core) {
-  return {
-      [core](actors::sync_atom) -> actors::SyncReport {
-        actors::SyncReport report;
-        try {
-          report.stats = core->receive(false);
-        } catch (...) {
-          report.error = std::current_exception();
-        }
-        return report;
-      },
-      [self, core](actors::listen_atom) {
-        if (core->stop.load()) return;
-        try {
-          const auto stats = core->receive(true);
-          if (stats.version != 0) core->record(&stats, nullptr);
-        } catch (...) {
-          core->record(nullptr, std::current_exception());
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a lost store fails at once: do not spin
-        }
-        if (!core->stop.load()) self->send(self, actors::listen_atom::value);
-      },
-      [](actors::stop_atom) -> actors::Done { return {}; },
-  };
-}
-
 // One region of UCX-allocated memory holding a rank's rollout weights (and, double-buffered, the
 // standby copy): its flat weight storage. On one machine UCX places it in shared memory, so the
 // training ranks' puts land with one copy (a heap buffer gets emulated puts: bench/sync measured
@@ -255,7 +227,11 @@ RolloutSink::RolloutSink(RolloutEngine& rollout, const WeightSyncOptions& option
     throw ConfigError("weight sync: the training job sends " + std::to_string(link.sources.size()) +
                       " parameters, the rollout model has " + std::to_string(link.targets.size()));
   impl_->core = core;
-  impl_->actor = actors::actor_system().spawn<caf::detached>(rollout_sink, core);
+  actors::SinkWork work;
+  work.receive = [core](bool listening) { return core->receive(listening); };
+  work.record = [core](const WeightSyncStats* stats, std::exception_ptr error) { core->record(stats, error); };
+  work.stop = core->stop;
+  impl_->actor = actors::spawn_rollout_sink(std::move(work));
 }
 
 RolloutSink::~RolloutSink() {
@@ -286,12 +262,12 @@ void RolloutSink::listen() {
 
 void RolloutSink::stop() {
   if (!impl_->listening) return;
-  impl_->core->stop = true;
+  *impl_->core->stop = true;
   const auto& o = impl_->core->link->options;
   actors::checked(actors::ask<actors::Done>(impl_->actor, o.timeout * 4 + std::chrono::seconds(10),
                                             "rollout-sink '" + o.session + "'", actors::stop_atom::value));
   impl_->listening = false;
-  impl_->core->stop = false;
+  *impl_->core->stop = false;
 }
 
 WeightSyncStats RolloutSink::wait_for_version(uint64_t version, std::chrono::milliseconds timeout) {
