@@ -20,26 +20,37 @@ namespace {
 using nlohmann::json;
 using namespace checkpoint_support;
 
-// Writes `tensors` to `path`; returns the file's entry.
+// Writes `tensors` (contiguous, on the CPU) to `path`; returns the file's entry. The file's hash
+// and the chunk hashes come from the bytes written, in one pass over memory (not a read back).
 checkpoint::RankFile write_rank_file(const std::string& path, int rank,
                                      const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-  io::write_safetensors(path, tensors, {{"format", "tessera.checkpoint.rank"}, {"rank", std::to_string(rank)}});
-  const io::SafetensorsFile file(path);
+  const auto header =
+      io::write_safetensors(path, tensors, {{"format", "tessera.checkpoint.rank"}, {"rank", std::to_string(rank)}});
+  checkpoint::StreamHash file_hash;
+  file_hash.update(header.data(), header.size());
   checkpoint::RankFile entry;
   entry.rank = rank;
   entry.file = fs::path(path).filename().string();
-  entry.bytes = int64_t(fs::file_size(path));
-  entry.hash = checkpoint::hash_file(path);
+  int64_t offset = int64_t(header.size());  // the tensors' bytes follow the header, in order
   for (const auto& [key, t] : tensors) {
+    if (!t.is_contiguous() || !t.device().is_cpu())
+      throw CheckpointError(path + ": tensor '" + key + "' is not a contiguous CPU tensor");
     checkpoint::SavedBuffer b;
     b.key = key;
     b.dtype = affine_dtype(t.scalar_type());
     b.elements = t.numel();
-    b.data_offset = int64_t(8 + file.header().header_bytes + file.info(key).begin);  // from the file's start
+    b.data_offset = offset;  // from the file's start
     b.chunk_bytes = checkpoint::kChunkBytes;
-    b.chunk_hashes = checkpoint::chunk_hashes(t.data_ptr(), t.numel() * int64_t(t.element_size()), b.chunk_bytes);
+    const int64_t bytes = t.numel() * int64_t(t.element_size());
+    b.chunk_hashes = file_hash.update_chunked(t.data_ptr(), bytes, b.chunk_bytes);
+    offset += bytes;
     entry.buffers.push_back(std::move(b));
   }
+  entry.bytes = offset;
+  entry.hash = file_hash.digest();
+  if (int64_t(fs::file_size(path)) != entry.bytes)
+    throw CheckpointError(path + ": " + std::to_string(fs::file_size(path)) + " bytes on disk, " +
+                          std::to_string(entry.bytes) + " written");
   return entry;
 }
 

@@ -19,6 +19,23 @@ std::vector<uint64_t> chunk_hashes(const void* data, int64_t bytes, int64_t chun
 // XXH3-64 of a whole file, read in chunks (CheckpointError naming the file).
 uint64_t hash_file(const std::string& path);
 
+// XXH3-64 of bytes given in order: a file's hash from the bytes its writer wrote, without reading
+// it back. update_chunked also returns the region's per-chunk hashes (each chunk is hashed twice
+// while it is in cache: one pass over memory for both).
+class StreamHash {
+ public:
+  StreamHash();
+  ~StreamHash();
+  StreamHash(const StreamHash&) = delete;
+  StreamHash& operator=(const StreamHash&) = delete;
+  void update(const void* data, size_t bytes);
+  std::vector<uint64_t> update_chunked(const void* data, int64_t bytes, int64_t chunk_bytes = kChunkBytes);
+  uint64_t digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t (xxhash.h stays out of this header)
+};
+
 // A tag must be a plain directory name: no '/', not "." / "..", not starting with '.', printable.
 void check_tag(const std::string& tag);
 std::string partial_dir(const std::string& root, const std::string& tag, const std::string& nonce);

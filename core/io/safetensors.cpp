@@ -131,7 +131,7 @@ void SafetensorsFile::read_into(const std::string& name, at::Tensor destination)
   file_->pread_exact(destination.data_ptr(), tensor.bytes(), offset, "tensor '" + name + "'");
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+std::string write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
@@ -179,6 +179,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   for (const at::Tensor& tensor : contiguous)
     if (tensor.numel() > 0) pieces.push_back({tensor.data_ptr(), size_t(tensor.nbytes())});
   detail::write_file_atomically(path, pieces);
+  return std::string(reinterpret_cast<const char*>(prefix), 8) + text;
 }
 
 }  // namespace tessera::io

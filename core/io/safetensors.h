@@ -55,7 +55,9 @@ class SafetensorsFile {
 
 // Writes `tensors` (in this order; moved to CPU and made contiguous; unique names; dtypes of
 // StDtype) and `metadata` to `path` atomically. Validates everything before creating any file.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+// Returns the bytes written before the tensors' (the 8-byte length and the header), so that a
+// caller can hash the file from memory instead of reading it back.
+std::string write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 at::ScalarType to_scalar_type(StDtype dtype);
