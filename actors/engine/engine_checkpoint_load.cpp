@@ -214,8 +214,9 @@ CheckpointLoaded Engine::load_checkpoint(const std::string& dir, const Checkpoin
   wait_for_checkpoint();  // an asynchronous save in flight commits first (or raises here)
   for (const auto& g : s.groups)
     if (g.client_step && !options.load_module_only)
-      throw CheckpointError("load_checkpoint: the client optimizer keeps its own state outside tessera's buffers; "
-                            "load with load_module_only, or use Adam, AdamW, SGD, Adagrad or the config's optimizer");
+      throw CheckpointError("load_checkpoint: the client optimizer (" + g.client_class +
+                            ") keeps its own state outside tessera's buffers; load with load_module_only, or use Adam, "
+                            "AdamW, SGD, Adagrad or the config's optimizer");
   if (!s.micro->at_batch_start())
     throw CheckpointError("load_checkpoint: called inside a batch (micro-step " + std::to_string(s.micro->micro()) +
                           "): load between step() and the next backward");

@@ -55,9 +55,10 @@ checkpoint::EngineCounters counters(const Engine::Impl& s, int64_t optimizer_upd
 void check_can_save(const Engine::Impl& s, const std::string& client_state) {
   for (const auto& g : s.groups)
     if (g.client_step)
-      throw CheckpointError("save_checkpoint: the client optimizer keeps its own state outside tessera's buffers; "
-                            "checkpoints of untranslated client optimizers are not supported yet (use Adam, AdamW, SGD "
-                            "or Adagrad, or the config's optimizer)");
+      throw CheckpointError("save_checkpoint: the client optimizer (" + g.client_class +
+                            ") keeps its own state outside tessera's buffers; checkpoints of client optimizers tessera "
+                            "does not translate are not supported yet (use Adam, AdamW, SGD or Adagrad, or the config's "
+                            "optimizer)");
   if (!s.micro->at_batch_start())
     throw CheckpointError("save_checkpoint: called inside a batch (micro-step " + std::to_string(s.micro->micro()) +
                           "): save after step() at an accumulation boundary, before the next backward");

@@ -4,6 +4,7 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <c10/util/Type.h>
 
 #include <algorithm>
 #include <map>
@@ -94,6 +95,7 @@ std::vector<ResolvedGroup> resolve_groups(const std::vector<std::pair<std::strin
         group.options = *translated;
       } else {
         group.client_step = true;
+        group.client_class = c10::demangle(typeid(*client).name());
         group.options.lr = options.get_lr();
       }
       out.push_back(group);

@@ -32,6 +32,7 @@ struct ResolvedGroup {
   // A client optimizer of a class tessera does not translate: its own step() updates this group
   // (client_optimizer.h); options hold only its lr.
   bool client_step = false;
+  std::string client_class;  // with client_step: the optimizer's C++ class, for errors
 };
 
 // `trainable`: the module's parameters that require grad, in model order. `config_options`: the

@@ -659,3 +659,98 @@ TEST_CASE("load_optimizer_states = false: the weights, masters from them, states
   CHECK(torch::equal(buffers(*fresh).at("param/0"), at_save.at("param/0")));
   CHECK(fresh->global_steps() == 1);  // untouched
 }
+
+TEST_CASE("load_lr_scheduler_states = false: the scheduler keeps its own position; true: the checkpoint's",
+          "[partial_load]") {
+  const auto dir = fresh_dir("scheduler_states");
+  const auto toml = config(1, "");  // WarmupLR over 4 steps: the lr says where the schedule is
+  auto t = gpt();
+  auto saved = engine_for(t, toml);
+  train(*saved, t, 0, 3);
+  saved->save_checkpoint(dir);
+  const auto saved_position = saved->last_batch_iteration();
+  const auto saved_lr = saved->get_lr();
+  auto other = gpt(9);
+  auto engine = engine_for(other, toml);
+  train(*engine, other, 0, 1);
+  const auto own_position = engine->last_batch_iteration();
+  const auto own_lr = engine->get_lr();
+  REQUIRE(own_position != saved_position);  // control: the two positions (and lrs) can be told apart
+  REQUIRE(own_lr != saved_lr);
+  tessera::CheckpointLoadOptions keep_schedule;
+  keep_schedule.load_lr_scheduler_states = false;
+  engine->load_checkpoint(dir, keep_schedule);
+  CHECK(engine->global_steps() == 3);
+  CHECK(engine->last_batch_iteration() == own_position);
+  CHECK(engine->get_lr() == own_lr);
+  auto third = gpt(10);
+  auto fresh = engine_for(third, toml);
+  train(*fresh, third, 0, 1);
+  fresh->load_checkpoint(dir);  // the default: the checkpoint's position
+  CHECK(fresh->last_batch_iteration() == saved_position);
+  CHECK(fresh->get_lr() == saved_lr);
+}
+
+TEST_CASE("A client optimizer tessera does not translate: save and load refused naming its class", "[errors]") {
+  const auto dir = fresh_dir("client_optimizer");
+  auto t = gpt();
+  const std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(kGlobalBatch / kWorld) +
+                           "\ngradient_accumulation_steps = 2\n[zero_optimization]\nstage = 1\n";
+  tessera::InitializeOptions options;
+  options.optimizer = std::make_shared<torch::optim::RMSprop>(t.module->parameters(), torch::optim::RMSpropOptions(1e-3));
+  auto engine =
+      tessera::initialize(t.module, tessera::config::load_config_text(toml, tessera::config::Format::toml, "client"), options)
+          .engine;
+  train(*engine, t, 0, 1);
+  CHECK_THROWS_AS(engine->save_checkpoint(dir), CheckpointError);
+  CHECK_THROWS_WITH(engine->save_checkpoint(dir), Catch::Contains("torch::optim::RMSprop"));
+  CHECK_FALSE(fs::exists(fs::path(dir) / "latest"));
+  CHECK_THROWS_WITH(engine->load_checkpoint(dir), Catch::Contains("torch::optim::RMSprop"));
+}
+
+// Run by save_load_full_disk.py inside a mount namespace whose TESSERA_CKPT_DIR is a small tmpfs:
+// the first checkpoint fits; rank 0 then fills the disk so that only half of another fits, and the
+// next save runs out of space (ENOSPC, on whichever ranks it hits): nothing is committed, no partial
+// directory is left, the first still loads, and once space is freed the engine saves again.
+TEST_CASE("A save onto a full tmpfs commits nothing and leaves the engine usable", "[.tmpfs_full]") {
+  const fs::path dir = env_or("TESSERA_CKPT_DIR", "");
+  REQUIRE_FALSE(dir.empty());
+  auto t = gpt();
+  auto engine = engine_for(t, config(2, ""));
+  train(*engine, t, 0, 1);
+  engine->save_checkpoint(dir.string(), {"fits"});
+  const auto at_save = buffers(*engine);
+  int64_t checkpoint_bytes = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(dir / "fits"))
+    if (entry.is_regular_file()) checkpoint_bytes += int64_t(entry.file_size());
+  const auto filler = dir / "filler";
+  if (kRank == 0) {
+    const auto space = fs::space(dir);
+    const int64_t keep = checkpoint_bytes / 2;
+    std::ofstream(filler, std::ios::binary) << std::string(size_t(std::max<int64_t>(0, int64_t(space.available) - keep)), 'x');
+    INFO("tmpfs: " << fs::space(dir).available << " bytes left for a " << checkpoint_bytes << "-byte checkpoint");
+    REQUIRE(int64_t(fs::space(dir).available) < checkpoint_bytes);
+  }
+  barrier();
+  train(*engine, t, 1, 2);
+  try {
+    engine->save_checkpoint(dir.string(), {"full"});
+    FAIL("a save onto a full disk was committed");
+  } catch (const CheckpointError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("nothing was committed") && Catch::Contains("space"));
+  }
+  barrier();
+  CHECK_FALSE(fs::exists(dir / "full"));
+  for (const auto& entry : fs::directory_iterator(dir))
+    CHECK(entry.path().filename().string().find(".partial-") == std::string::npos);
+  auto second = gpt(31);
+  auto fresh = engine_for(second, config(2, ""));
+  fill_nan(*fresh);
+  CHECK(fresh->load_checkpoint(dir.string()).tag == "fits");
+  CHECK(differing(at_save, buffers(*fresh)).empty());
+  if (kRank == 0) fs::remove(filler);
+  barrier();
+  train(*engine, t, 2, 3);
+  engine->save_checkpoint(dir.string(), {"after"});
+  CHECK(engine->load_checkpoint(dir.string()).tag == "after");
+}
