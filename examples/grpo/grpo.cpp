@@ -26,6 +26,7 @@
 // training-vs-rollout log-prob mismatch, sync ms and whether it was a delta, pause ms, sync bytes)
 // and writes a CSV (also the lr, the mean negative log-prob of the samples, the clipped fraction,
 // the accuracy of each answer position and the policy's mean entropy at the answer tokens).
+// --checkpoint-dir DIR --save-every N saves (and --resume continues) the run: grpo_checkpoint.h.
 #include <CLI/CLI.hpp>
 
 #include <torch/torch.h>
@@ -46,6 +47,7 @@
 #include "examples/example_main.h"
 #include "core/error.h"
 #include "core/nn/decoder.h"
+#include "examples/grpo/grpo_checkpoint.h"
 #include "examples/grpo/reverse_task.h"
 #include "transport/launch_env.h"
 #include "transport/store.h"
@@ -71,6 +73,10 @@ struct Args {
   std::string rollout_dtype = "fp32", sync_mode = "in_place";
   bool delta = false;
   std::string config;  // --config: a tessera config file; only its [tessera.rollout] is read (the sync's)
+  std::string checkpoint_dir;  // grpo_checkpoint.h
+  int save_every = 0, stop_at = 0;
+  bool resume = false;
+  int last_step() const { return stop_at > 0 ? std::min(stop_at, steps) : steps; }  // this run's end
 };
 
 // The GRPO learning rate of update `step` (0-based) of `steps`.
@@ -149,15 +155,23 @@ int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
   ro.config_path = a.model_config;
   ro.dtype = a.rollout_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   auto rollout = tessera::RolloutEngine::create(ro);
-  tessera::RolloutSink sink(*rollout, sync_options(a, env, false));
   auto shared = tessera::actors::job_store()->shared("grpo");
-  // Weight versions: 0 from the config alone, 1 the warmed-up policy, 1 + s after update s.
+  // The step the training job starts from (0, or where its checkpoint left off).
+  const int start = std::stoi(shared->get_string("start_step", std::chrono::minutes(5)));
+  // The training job hosts the store: when it has nothing to train it waits for every rollout
+  // rank to have read the step before it ends.
+  if (shared->add("start_seen", 1) == env.world_size) shared->set("start_seen_all", "1");
+  if (start >= a.last_step()) return 0;
+  tessera::RolloutSink sink(*rollout, sync_options(a, env, false));
+  // Weight versions: 0 from the config alone, 1 the warmed-up (or resumed) policy, 1 + s after
+  // update s of this run.
   const bool double_buffered = a.sync_mode == "double_buffered";
   if (double_buffered)
     sink.listen();  // every sync lands in the standby copy on the sink's thread; generate() swaps it in
   else
     sink.receive();  // the warmed-up policy
-  for (int step = 0; step < a.steps; ++step) {
+  for (int step = start; step < a.last_step(); ++step) {
+    const uint64_t version = uint64_t(step - start) + 1;  // after `step - start` updates of this run
     const auto key = "step" + std::to_string(step) + "/";
     const auto prompts = decode_prompts(shared->get_string(key + "prompts", std::chrono::minutes(5)));
     for (const auto& p : prompts)  // --digits is not part of the sync handshake: both jobs must get the same
@@ -168,7 +182,7 @@ int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
     double wait_ms = 0;
     if (double_buffered) {  // on-policy: the weights after `step` updates (staged; live at generate())
       const auto w = Clock::now();
-      stats = sink.wait_for_version(uint64_t(step) + 1, std::chrono::minutes(5));
+      stats = sink.wait_for_version(version, std::chrono::minutes(5));
       wait_ms = ms_since(w);
     }
     std::vector<std::vector<int64_t>> batch;
@@ -181,9 +195,9 @@ int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
     const auto t = Clock::now();
     const auto out = rollout->generate(batch, params);
     const double generate_ms = ms_since(t);
-    if (rollout->weight_version() != uint64_t(step) + 1)
+    if (rollout->weight_version() != version)
       throw tessera::Error("grpo rollout: step " + std::to_string(step) + " generated with weight version " +
-                           std::to_string(rollout->weight_version()) + ", not " + std::to_string(step + 1));
+                           std::to_string(rollout->weight_version()) + ", not " + std::to_string(version));
     if (env.rank == 0) shared->set(key + "samples", encode_samples(out));
     double pause_ms = 0;
     if (double_buffered) {
@@ -198,7 +212,7 @@ int run_rollout(const Args& a, const tessera::transport::LaunchEnv& env) {
       shared->set(key + "rollout", std::to_string(pause_ms) + " " + std::to_string(generate_ms) + " " +
                                        std::to_string(stats.bytes_sent) + " " + std::to_string(wait_ms));
   }
-  if (double_buffered) sink.wait_for_version(uint64_t(a.steps) + 1, std::chrono::minutes(5));  // the last sync
+  if (double_buffered) sink.wait_for_version(uint64_t(a.last_step() - start) + 1, std::chrono::minutes(5));  // the last sync
   return 0;
 }
 
@@ -227,10 +241,28 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
   auto shared = tessera::actors::job_store()->shared("grpo");
   const int D = a.digits;
   const int64_t P = D + 1, T = a.new_tokens();
+  if ((a.resume || a.save_every > 0) && a.checkpoint_dir.empty())
+    throw tessera::ConfigError("--resume and --save-every need --checkpoint-dir");
+  // A resumed run continues from the checkpoint's step, prompt generator, policy and optimizer.
+  int start = 0;
+  std::mt19937_64 prompt_rng(a.seed * 104729);
+  if (a.resume) {
+    const auto loaded = engine->load_checkpoint(a.checkpoint_dir);
+    auto point = grpo::resume_point(loaded.client_state, loaded.path);
+    start = point.step, prompt_rng = point.prompt_rng;
+    if (rank == 0) std::printf("grpo: resumed from %s at GRPO step %d\n", loaded.path.c_str(), start);
+  }
+  if (rank == 0) shared->set("start_step", std::to_string(start));
+  if (start >= a.last_step()) {
+    if (rank == 0) std::printf("grpo: already at step %d of %d: nothing to train\n", start, a.last_step());
+    if (rank == 0) shared->get_string("start_seen_all", std::chrono::minutes(5));  // the store outlives their reads
+    return 0;
+  }
 
-  // Supervised warm-up on (prompt, answer) pairs: the format, and a start on the task.
+  // Supervised warm-up on (prompt, answer) pairs: the format, and a start on the task (not again
+  // after a resume: the checkpoint holds the policy after it).
   std::mt19937_64 sft_rng(a.seed * 7919 + uint64_t(rank));
-  for (int step = 0; step < a.sft_steps; ++step) {
+  for (int step = 0; step < a.sft_steps && !a.resume; ++step) {
     std::vector<int64_t> flat;
     for (int i = 0; i < sequences / world; ++i) {
       auto p = grpo::random_prompt(sft_rng, D), ans = grpo::answer(p);
@@ -251,7 +283,10 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
   // engine, a ZeRO inference engine (no optimizer): partitioned like the policy, gathered per unit.
   std::unique_ptr<tessera::nn::DecoderLm> reference;
   std::shared_ptr<tessera::Engine> reference_engine;
-  if (a.kl_beta > 0) {
+  if (a.kl_beta > 0 && a.resume) {
+    reference = std::make_unique<tessera::nn::DecoderLm>(
+        tessera::nn::load_pretrained(grpo::reference_dir(a.checkpoint_dir), mo));
+  } else if (a.kl_beta > 0) {
     reference = std::make_unique<tessera::nn::DecoderLm>(config, mo);
     {
       torch::NoGradGuard no_grad;
@@ -259,6 +294,9 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
       auto ref_params = reference->module()->named_parameters();
       for (const auto& item : policy.module()->named_parameters()) ref_params[item.key()].copy_(item.value());
     }
+    if (!a.checkpoint_dir.empty() && rank == 0) reference->save_pretrained(grpo::reference_dir(a.checkpoint_dir));
+  }
+  if (reference) {
     if (a.zero_stage == 3) {
       const std::string ref_toml = "train_micro_batch_size_per_gpu = " + std::to_string(sequences / world) +
                                    "\n[zero_optimization]\nstage = 3\nstage3_param_persistence_threshold = " +
@@ -273,19 +311,20 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
 
   std::ofstream csv;
   if (rank == 0) {
-    csv.open(a.csv);
-    csv << "step,reward,kl,loss,logprob_mismatch,tokens_per_s,sync_ms,pause_ms,sync_bytes,generate_ms,step_ms,lr,"
-           "neg_logprob,clip_frac,delta,changed_elements,full_bytes,rollout_wait_ms";
-    for (int k = 0; k < D; ++k) csv << ",acc" << k + 1;
-    csv << ",entropy\n";
+    csv.open(a.csv, start > 0 ? std::ios::app : std::ios::trunc);  // a resumed run continues its curve
+    if (start == 0) {
+      csv << "step,reward,kl,loss,logprob_mismatch,tokens_per_s,sync_ms,pause_ms,sync_bytes,generate_ms,step_ms,lr,"
+             "neg_logprob,clip_frac,delta,changed_elements,full_bytes,rollout_wait_ms";
+      for (int k = 0; k < D; ++k) csv << ",acc" << k + 1;
+      csv << ",entropy\n";
+    }
     std::printf("grpo: %lld-parameter %s policy, %d training ranks (ZeRO-%d), %d prompts x %d samples per step, %d "
                 "update(s) per batch; warm-up %d steps; sync %s%s; first sync %.1f ms (plan %.1f ms)\n",
                 static_cast<long long>(tessera::nn::decoder_parameter_count(config)), config.model_type(), world,
                 a.zero_stage, a.prompts, a.group, a.epochs, a.sft_steps, a.sync_mode.c_str(), a.delta ? ", delta" : "",
                 first.sync_ms, first.plan_ms);
   }
-  std::mt19937_64 prompt_rng(a.seed * 104729);
-  for (int step = 0; step < a.steps; ++step) {
+  for (int step = start; step < a.last_step(); ++step) {
     const auto t0 = Clock::now();
     const auto key = "step" + std::to_string(step) + "/";
     std::vector<std::vector<int64_t>> prompts;
@@ -431,9 +470,16 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
           << rollout_wait_ms;
       for (double r : position_right) csv << "," << r;
       csv << "," << entropy_mean << "\n";
+      csv.flush();
+    }
+    if (!a.checkpoint_dir.empty() && ((a.save_every > 0 && (step + 1) % a.save_every == 0) || step + 1 == a.last_step())) {
+      tessera::CheckpointSaveOptions save;
+      save.client_state = grpo::client_state(step + 1, prompt_rng);
+      const auto path = engine->save_checkpoint(a.checkpoint_dir, save);
+      if (rank == 0) std::printf("grpo: saved checkpoint %s (GRPO step %d)\n", path.c_str(), step + 1);
     }
   }
-  if (rank == 0) std::printf("grpo: done, %d steps; curve in %s\n", a.steps, a.csv.c_str());
+  if (rank == 0) std::printf("grpo: done, %d of %d steps; curve in %s\n", a.last_step(), a.steps, a.csv.c_str());
   return 0;
 }
 
@@ -489,6 +535,11 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--seed", a.seed, "seed of prompts, sampling and initialisation");
   app.add_option("--csv", a.csv, "the curve, written by training rank 0");
+  app.add_option("--checkpoint-dir", a.checkpoint_dir, "save checkpoints here (every --save-every steps and at the end)");
+  app.add_option("--save-every", a.save_every, "save a checkpoint every N GRPO steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--stop-at", a.stop_at, "stop after this step, as a preempted run would (the schedule stays --steps')")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", a.resume, "continue from --checkpoint-dir's latest checkpoint (--steps is the total)");
   CLI11_PARSE(app, argc, argv);
   std::string who = "grpo " + a.role;
   return tessera::examples::run_main(who, [&] {
