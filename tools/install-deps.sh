@@ -16,6 +16,7 @@ packages=(
   libbenchmark-dev                                # bench harness
   python3-torch                                   # the decoder logits oracle (tests/nn/reference_decoder.py)
   iproute2                                        # ip netns: the two-node sync test (tests/rollout/two_node_sync.py)
+  python3-matplotlib                              # the GRPO example's plot (examples/grpo/plot_grpo.py); optional at run time
 )
 
 missing=()

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Runs the GRPO example: a training job (DP 2, ZeRO-2) and a rollout job (TP 2), both under
 tessera-launch on this machine, meeting in the training job's store (one shared secret) and over
-UCX. Ends both on Ctrl-C or when either fails. Afterwards draws the curve (reward, sync time) as a
-PNG with a small writer of its own (zlib + struct; no plotting package needed).
+UCX. Ends both on Ctrl-C or when either fails. Each job's whole output goes to the terminal and to
+OUT/grpo_train.log and OUT/grpo_rollout.log; when a job fails, the failing rank's last lines are
+printed again at the end. Afterwards draws the curve (reward, KL, sync time) with matplotlib
+(plot_grpo.py; skipped, saying so, where matplotlib is missing).
 
 Usage: examples/grpo/run_grpo.py [--build DIR] [--train-ranks N] [--rollout-ranks N] [--port P]
                                  [--out DIR] [--sync-mode in_place|double_buffered] [--delta]
@@ -11,26 +13,75 @@ Every extra argument goes to both jobs (the weight-sync handshake refuses option
 `-- --config configs/autotp.toml` takes the weight sync's settings from that file's [tessera.rollout].
 """
 import argparse
+import collections
 import os
+import re
 import signal
-import struct
 import subprocess
 import sys
+import threading
 import time
-import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import plot_grpo  # noqa: E402
+
+LAST_LINES = 20  # of the failing rank, printed when a job fails
 
 
 def start(launch, program, n, port, job, peer, role, extra, secret, server, out):
-    env = dict(os.environ, TESSERA_STORE_SECRET=secret)
+    """Starts one job under tessera-launch; its output goes to the terminal and to OUT/JOB.log."""
+    env = dict(os.environ, TESSERA_STORE_SECRET=secret, PYTHONUNBUFFERED="1")  # the launcher's lines as they come
     if not server:
         env["TESSERA_STORE_SERVER"] = "0"  # join the training job's store
     cmd = [sys.executable, launch, "--nproc-per-node", str(n), "--master-port", str(port), "--job", job,
            "--grace-period", "3", "--", program, "--role", role, "--peer-job", peer,
            "--csv", os.path.join(out, "grpo.csv")] + extra
-    return subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc.log_path = os.path.join(out, job + ".log")
+    proc.tee = threading.Thread(target=tee, args=(proc.stdout, proc.log_path), daemon=True)
+    proc.tee.start()
+    return proc
+
+
+def tee(pipe, log_path):
+    with open(log_path, "wb") as log:
+        for line in iter(pipe.readline, b""):
+            log.write(line)
+            log.flush()
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+
+
+def report_failure(name, proc):
+    """The job's log and its failing rank's last lines (the rank tessera-launch names; else the log's end)."""
+    proc.tee.join(timeout=10)
+    lines = open(proc.log_path, errors="replace").read().splitlines()
+    failed = [m.group(1) for l in lines for m in [re.match(r"tessera-launch: rank (\d+) ", l)] if m]
+    print(f"run_grpo: the {name} job failed (status {proc.returncode}); its whole output is in {proc.log_path}",
+          file=sys.stderr)
+    if failed:
+        rank = failed[0]
+        tail = collections.deque((l for l in lines if l.startswith(f"[rank{rank}]")), maxlen=LAST_LINES)
+        print(f"run_grpo: rank {rank} of the {name} job, its last {len(tail)} lines:", file=sys.stderr)
+    else:
+        tail = lines[-LAST_LINES:]
+        print(f"run_grpo: the {name} job's last {len(tail)} lines:", file=sys.stderr)
+    for l in tail:
+        print("    " + l, file=sys.stderr)
+
+
+def plot(csv_path, png_path):
+    """True when the plot was drawn. The training result never depends on it."""
+    python = plot_grpo.plotting_python()
+    if python is None:
+        print("run_grpo: no plot: matplotlib is missing (apt-get install python3-matplotlib)", file=sys.stderr)
+        return False
+    r = subprocess.run([python, os.path.join(HERE, "plot_grpo.py"), csv_path, png_path])
+    if r.returncode != 0:
+        print(f"run_grpo: no plot: plot_grpo.py exited {r.returncode}", file=sys.stderr)
+    return r.returncode == 0
 
 
 def stop(proc):
@@ -43,46 +94,6 @@ def stop(proc):
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def png(path, width, height, pixels):
-    """pixels: list of rows of (r, g, b)."""
-    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in pixels)
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
-                chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-
-
-def plot(csv_path, png_path):
-    rows = [l.strip().split(",") for l in open(csv_path)][1:]
-    if not rows:
-        return
-    reward = [float(r[1]) for r in rows]
-    sync = [float(r[6]) for r in rows]
-    W, H, M = 640, 360, 30
-    img = [[(255, 255, 255)] * W for _ in range(H)]
-    for x in range(M, W - M):
-        img[H - M][x] = (0, 0, 0)
-    for y in range(M, H - M + 1):
-        img[y][M] = (0, 0, 0)
-    for frac in (0.2, 0.8):  # guide lines at reward 0.2 and 0.8
-        y = int(H - M - frac * (H - 2 * M))
-        for x in range(M, W - M, 4):
-            img[y][x] = (180, 180, 180)
-    def draw(values, top, color):
-        n = len(values)
-        for i in range(n):
-            x = M + int(i * (W - 2 * M - 1) / max(1, n - 1))
-            y = int(H - M - min(1.0, values[i] / top) * (H - 2 * M))
-            for dx in (-1, 0, 1):
-                for dy in (-1, 0, 1):
-                    if 0 <= y + dy < H and 0 <= x + dx < W:
-                        img[y + dy][x + dx] = color
-    draw(reward, 1.0, (200, 30, 30))                 # red: mean reward (0..1)
-    draw(sync, max(sync) * 1.1 or 1, (30, 90, 200))  # blue: sync ms (0..max)
-    png(png_path, W, H, img)
 
 
 def main():
@@ -114,11 +125,13 @@ def main():
     time.sleep(0.5)
     rollout = start(launch, program, args.rollout_ranks, args.port, "grpo_rollout", "grpo_train", "rollout", extra,
                     secret, False, args.out)
-    status = 1
+    status, failed = 1, []
     try:
         while True:
             t, r = train.poll(), rollout.poll()
-            if t is not None and t != 0 or r is not None and r != 0:
+            failed = [(name, p) for name, p, code in (("training", train, t), ("rollout", rollout, r))
+                      if code is not None and code != 0]
+            if failed:
                 print(f"run_grpo: a job failed (training {t}, rollout {r}); ending the other", file=sys.stderr)
                 break
             if t == 0 and r == 0:
@@ -130,10 +143,18 @@ def main():
     finally:
         stop(train)
         stop(rollout)
+        for proc in (train, rollout):
+            proc.tee.join(timeout=10)
+    for name, proc in failed:
+        report_failure(name, proc)
     csv = os.path.join(args.out, "grpo.csv")
     if status == 0 and os.path.exists(csv):
-        plot(csv, os.path.join(args.out, "grpo.png"))
-        print(f"run_grpo: curve in {csv}, plot (red: reward, blue: sync ms) in {os.path.join(args.out, 'grpo.png')}")
+        png = os.path.join(args.out, "grpo.png")
+        if os.path.exists(png):
+            os.remove(png)  # never leave an earlier run's plot beside this run's curve
+        drawn = plot(csv, png)
+        print(f"run_grpo: curve in {csv}" + (f", plot (reward, KL, sync ms by step) in {png}" if drawn else "") +
+              f"; logs in {train.log_path}, {rollout.log_path}")
     return status
 
 
