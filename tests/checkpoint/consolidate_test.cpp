@@ -216,7 +216,7 @@ TEST_CASE("Sharded output: the index maps every tensor to the file that holds it
   fs::remove_all(b.root);
 }
 
-TEST_CASE("--format bin: torch.save's records, read by LibTorch's zip reader") {
+TEST_CASE("The bin format (--format bin): torch.save's records, read by LibTorch's zip reader") {
   const auto b = build("bin");
   ConsolidateOptions options;
   options.format = ConsolidateFormat::pytorch_bin;
