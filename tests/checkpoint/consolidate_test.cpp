@@ -236,7 +236,7 @@ TEST_CASE("Format bin: torch.save's records, read by LibTorch's zip reader") {
   fs::remove_all(b.root);
 }
 
-TEST_CASE("A corrupted chunk is refused naming the file and the tensor; nothing is written") {
+TEST_CASE("A corrupted chunk is refused naming the file and the tensor, and nothing is written") {
   const auto b = build("corrupt");
   {  // element 3 of file 1's buffer: in a.weight's rows 4-5
     std::fstream f(b.tag_dir + "/rank1.bin", std::ios::in | std::ios::out | std::ios::binary);
