@@ -14,17 +14,24 @@
 //   load_other load into an engine at --other-stage (another layout), pages dropped likewise
 // One JSON line each with seconds, MiB/s and ratio_to_raw (raw seconds / seconds; 1.0 = as fast as
 // raw I/O), plus peak RSS. Checkpoints go to --dir (use a real disk, not tmpfs).
+// --consolidate build/tools/tessera: instead, rank 0 runs `tessera checkpoint consolidate` on the
+// first save (safetensors, then bin) under GNU time and reports its peak RSS against the largest tensor,
+// also above a baseline (the same executable inspecting that checkpoint): the bound is that tensor
+// plus one 4 MiB read buffer. --mib 256 --width 2896: 8 tensors of 32 MiB.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <utility>
 #include <vector>
 
 #include "actors/engine/engine.h"
@@ -90,6 +97,53 @@ double raw_read(const std::string& path) {
   return since(t);
 }
 
+// `tessera <args>` as a grandchild under GNU time: its own peak RSS in bytes, and seconds. Not
+// wait4 on our own child: a forked child's peak starts at ours (its copy of our address space
+// counts, and exec keeps the high-water mark), and this process holds two engines.
+std::pair<int64_t, double> run_measured(const std::string& tessera, std::vector<std::string> args,
+                                        const std::string& scratch) {
+  const std::string time_file = scratch + "/time.txt";
+  args.insert(args.begin(), {"/usr/bin/time", "-o", time_file, "-f", "%M", tessera});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const auto t = Clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const double s = since(t);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error("/usr/bin/time " + tessera + " " + args.at(6) + " failed (is GNU time installed?)");
+  int64_t kib = -1;
+  std::ifstream(time_file) >> kib;
+  return {kib * 1024, s};
+}
+
+// Consolidation's peak RSS against the largest tensor; the baseline is the same executable
+// inspecting the same checkpoint (its libraries, the manifest), so the difference is what
+// consolidation itself holds.
+void consolidate_rss(const std::string& tessera, const std::string& tag_dir, const std::string& out_root,
+                     int64_t largest_tensor_bytes, int64_t total_bytes) {
+  const int64_t baseline = run_measured(tessera, {"checkpoint", "inspect", tag_dir}, out_root).first;
+  for (const std::string format : {"safetensors", "bin"}) {
+    const auto out = out_root + "/" + format;
+    fs::remove_all(out);
+    const auto [peak, s] = run_measured(tessera, {"checkpoint", "consolidate", tag_dir, out, "--format", format}, out_root);
+    const double mib = double(total_bytes) / (1 << 20);
+    std::printf("{\"bench\": \"checkpoint\", \"mode\": \"consolidate_%s\", \"tensor_mib\": %.1f, \"seconds\": %.4f, "
+                "\"mib_per_s\": %.1f, \"peak_rss_bytes\": %lld, \"baseline_rss_bytes\": %lld, \"largest_tensor_bytes\": %lld, "
+                "\"peak_rss_over_largest_tensor\": %.3f, \"above_baseline_over_largest_tensor\": %.3f, \"commit\": \"%s\"}\n",
+                format.c_str(), mib, s, mib / s, (long long)peak, (long long)baseline, (long long)largest_tensor_bytes,
+                double(peak) / double(largest_tensor_bytes), double(peak - baseline) / double(largest_tensor_bytes),
+                tessera::bench::commit().c_str());
+    fs::remove_all(out);
+  }
+}
+
 // Linear layers in a Sequential (ZeRO-3 sees each entry as a unit).
 torch::nn::Sequential mlp(int64_t width, int64_t layers) {
   torch::manual_seed(1);
@@ -109,13 +163,14 @@ int main(int argc, char** argv) {
   CLI::App app{"Checkpoint save/load throughput against raw sequential I/O"};
   int64_t mib = 256, width = 2048;
   int stage = 2, other_stage = 3, repeats = 3;
-  std::string dir = "/var/tmp/tessera_checkpoint_bench";
+  std::string dir = "/var/tmp/tessera_checkpoint_bench", consolidate_with;
   app.add_option("--mib", mib, "MiB of fp32 weights (the states add twice that, the masters alias them)");
   app.add_option("--width", width, "MLP width");
   app.add_option("--stage", stage, "ZeRO stage saved at")->check(CLI::Range(0, 3));
   app.add_option("--other-stage", other_stage, "ZeRO stage of the other layout loaded into")->check(CLI::Range(0, 3));
   app.add_option("--repeats", repeats, "rounds (medians reported)");
   app.add_option("--dir", dir, "where checkpoints and the raw files go (a real disk)");
+  app.add_option("--consolidate", consolidate_with, "path of the tessera executable: measure consolidation only");
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
   const int64_t layers = std::max<int64_t>(1, (mib << 20) / (width * width * 4));
@@ -127,15 +182,22 @@ int main(int argc, char** argv) {
   const std::string root = dir + "/" + env.job;
   if (env.rank == 0) fs::remove_all(root);
   fs::create_directories(root);
-  auto other_model = mlp(width, layers);
-  auto other = tessera::initialize(other_model.ptr(), tessera::config::load_config_text(toml(other_stage), tessera::config::Format::toml, "bench2")).engine;
   std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s, blocked_s, async_total_s;
   int64_t file_bytes = 0;
   const std::string raw_path = root + "/raw_rank" + std::to_string(env.rank);
   engine->save_checkpoint(root, {"bench"});  // a first save: the file's size and bytes for the raw baseline
+  if (!consolidate_with.empty()) {
+    if (env.rank == 0) {
+      consolidate_rss(consolidate_with, root + "/bench", root, width * width * 4, layers * (width * width + width) * 4);
+      fs::remove_all(root);
+    }
+    return 0;
+  }
   const auto rank_file = root + "/bench/rank" + std::to_string(env.rank) + ".safetensors";
   file_bytes = int64_t(fs::file_size(rank_file));
   const auto bytes = file_bytes_of(rank_file);
+  auto other_model = mlp(width, layers);
+  auto other = tessera::initialize(other_model.ptr(), tessera::config::load_config_text(toml(other_stage), tessera::config::Format::toml, "bench2")).engine;
   for (int i = 0; i < repeats; ++i) {
     // The disk's state drifts (its caches, the blocks just freed): raw and save alternate who goes
     // first, each writes fresh blocks, and medians are reported.

@@ -16,7 +16,8 @@
 // buffer (plus the manifest), whatever the model's size.
 // Atomic: everything is checked first (the manifest, each file's size, each tensor's map), then
 // written into DIR_OF_OUT/.<name>.partial-<pid>/ and renamed to OUT at the end; on any error
-// (a corrupted chunk names its file and tensor) that directory is removed and OUT never appears.
+// (a corrupted chunk names its file and tensor) that directory is removed and OUT never appears
+// (a kill -9 leaves only that hidden directory).
 //
 // Example: a stage-3 checkpoint of 2 ranks, 8 tensors of 32 MiB: model.safetensors of 256 MiB,
 // read in 4 MiB chunks, with ~36 MiB peak memory for the tensors.

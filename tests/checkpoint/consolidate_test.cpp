@@ -216,7 +216,7 @@ TEST_CASE("Sharded output: the index maps every tensor to the file that holds it
   fs::remove_all(b.root);
 }
 
-TEST_CASE("The bin format (--format bin): torch.save's records, read by LibTorch's zip reader") {
+TEST_CASE("Format bin: torch.save's records, read by LibTorch's zip reader") {
   const auto b = build("bin");
   ConsolidateOptions options;
   options.format = ConsolidateFormat::pytorch_bin;
@@ -236,7 +236,7 @@ TEST_CASE("The bin format (--format bin): torch.save's records, read by LibTorch
   fs::remove_all(b.root);
 }
 
-TEST_CASE("A corrupted chunk is refused naming the file and the tensor; nothing is written") {
+TEST_CASE("A corrupted chunk is refused naming the file and the tensor, and nothing is written") {
   const auto b = build("corrupt");
   {  // element 3 of file 1's buffer: in a.weight's rows 4-5
     std::fstream f(b.tag_dir + "/rank1.bin", std::ios::in | std::ios::out | std::ios::binary);
@@ -249,6 +249,18 @@ TEST_CASE("A corrupted chunk is refused naming the file and the tensor; nothing 
   CHECK_FALSE(fs::exists(out));
   CHECK(leftovers(b.root).empty());
   fs::remove_all(b.root);
+  // File 1 holds a's rows 4-5 (elements 0-19), b's columns 3-7 (20-44), c (45-51; read from file 0,
+  // its lowest holder): element 40 (bytes 160-163) lies in chunk [128, 192), which only b reads.
+  const auto later = build("corrupt_later");
+  {
+    std::fstream f(later.tag_dir + "/rank1.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(kHeaderBytes + 40 * 4 + 2);
+    f.put('\x5a');
+  }
+  CHECK_THROWS_WITH(consolidate(later.root, later.root + "/out"),
+                    Catch::Contains("rank1.bin: buffer 'master/0' bytes [128, 192)") && Catch::Contains("tensor 'b.weight'"));
+  CHECK_FALSE(fs::exists(later.root + "/out"));
+  fs::remove_all(later.root);
 }
 
 TEST_CASE("Bad input is refused before anything is written") {

@@ -1,4 +1,5 @@
-// `tessera checkpoint inspect|verify DIR`: a checkpoint without an engine (core/checkpoint/verify.h).
+// `tessera checkpoint inspect|verify DIR` and `consolidate DIR OUT`: a checkpoint without an engine
+// (core/checkpoint/verify.h, consolidate.h).
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -6,6 +7,7 @@
 #include <memory>
 
 #include "core/checkpoint/checkpoint_dir.h"
+#include "core/checkpoint/consolidate.h"
 #include "core/checkpoint/verify.h"
 #include "core/error.h"
 #include "tools/tessera/commands.h"
@@ -40,10 +42,40 @@ void run_verify(const std::string& dir) {
   if (bad) throw CLI::RuntimeError(1);
 }
 
+struct ConsolidateArgs {
+  std::string dir, out, tag, format = "safetensors";
+  int64_t max_shard_bytes = ck::kDefaultMaxShardBytes;
+};
+
+void run_consolidate(const ConsolidateArgs& a) {
+  ck::ConsolidateOptions options;
+  options.tag = a.tag;
+  options.format = ck::parse_consolidate_format(a.format);
+  options.max_shard_bytes = a.max_shard_bytes;
+  const auto report = ck::consolidate(a.dir, a.out, options);
+  std::cout << report.tag_dir << ": " << report.tensors << " tensors (" << report.kind << ", f32), " << report.tensor_bytes
+            << " bytes, largest " << report.largest_tensor_bytes << "; " << report.bytes_read
+            << " bytes read and verified\n";
+  for (const auto& f : report.files) std::cout << "  " << (fs::path(report.out_dir) / f).string() << "\n";
+}
+
+void add_consolidate(CLI::App& checkpoint) {
+  auto args = std::make_shared<ConsolidateArgs>();
+  auto* c = checkpoint.add_subcommand(
+      "consolidate", "The fp32 weights, whole, as safetensors (or a torch.load-able pytorch_model.bin) in a new directory");
+  c->add_option("DIR", args->dir, "a checkpoint root (its latest tag, or --tag) or one tag's directory")->required();
+  c->add_option("OUT", args->out, "the output directory (must not exist, or be empty)")->required();
+  c->add_option("--tag", args->tag, "the tag under DIR (default: the one DIR/latest names)");
+  c->add_option("--format", args->format, "safetensors (default) or bin")->check(CLI::IsMember({"safetensors", "bin"}));
+  c->add_option("--max-shard-bytes", args->max_shard_bytes, "shard above this many bytes (default 5e9, as transformers)")
+      ->check(CLI::PositiveNumber);
+  c->callback([args] { run_consolidate(*args); });
+}
+
 }  // namespace
 
 void add_checkpoint_commands(CLI::App& app) {
-  auto* checkpoint = app.add_subcommand("checkpoint", "Inspect and verify checkpoints (no engine, no ranks)");
+  auto* checkpoint = app.add_subcommand("checkpoint", "Inspect, verify and consolidate checkpoints (no engine, no ranks)");
   checkpoint->require_subcommand(1);
   auto dir = std::make_shared<std::string>();
   auto* inspect = checkpoint->add_subcommand("inspect", "Layout, steps, tensors and what each rank file holds");
@@ -53,6 +85,7 @@ void add_checkpoint_commands(CLI::App& app) {
   auto* verify = checkpoint->add_subcommand("verify", "Every file against its hashes, every map against its tensor");
   verify->add_option("DIR", *verify_dir, "a checkpoint root (every tag) or one tag's directory")->required();
   verify->callback([verify_dir] { run_verify(*verify_dir); });
+  add_consolidate(*checkpoint);
 }
 
 }  // namespace tessera::cli

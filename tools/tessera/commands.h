@@ -11,6 +11,6 @@ namespace tessera::cli {
 void add_doctor_command(CLI::App& app);   // tessera doctor
 void add_config_commands(CLI::App& app);  // tessera config check|convert
 void add_affine_commands(CLI::App& app);  // tessera affine plan|check
-void add_checkpoint_commands(CLI::App& app);  // tessera checkpoint inspect|verify
+void add_checkpoint_commands(CLI::App& app);  // tessera checkpoint inspect|verify|consolidate
 
 }  // namespace tessera::cli
