@@ -3,8 +3,10 @@
 // job's main thread generates without pause while its sink actor listens; the training job syncs
 // three times, the second sync corrupted by one byte on one rollout rank.
 // Proven here:
-//   - generation ran while a sync was under way (the sink holds each sync for 300 ms after the
-//     transfer; generations started in that window are counted and must be > 0);
+//   - generation runs while a sync is under way: after the second and third transfers the sink's
+//     hook holds the sync open until a generation that began inside it has finished (forced, not hoped for: a
+//     generate() that waited for the sync would never finish there, and the hook's 20 s wait would
+//     fail the test);
 //   - no generation ever read a torn version: every output recorded under version v equals,
 //     bitwise, the same request generated afterwards with the oracle weights of v loaded whole;
 //   - the corrupted sync is dropped on every rank and version 1 keeps serving; the next good sync
@@ -14,6 +16,8 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -40,6 +44,42 @@ using testing::kEnv;
 using testing::kTraining;
 const std::string kSession = "double_buffered";
 const char* kCorrupted = "model.layers.0.mlp.up_proj.weight";
+
+// The interleaving hook: the sink's thread opens a window after a transfer and waits until the
+// main thread reports a generation that began while that window was open and has finished.
+class SyncWindow {
+ public:
+  void hold_until_generation(std::chrono::seconds limit) {
+    std::unique_lock lock(mutex_);
+    ++opened_, open_ = true;
+    if (!cv_.wait_for(lock, limit, [&] { return served_ == opened_; })) ++timed_out_;
+    open_ = false;
+  }
+  // The window a generation starting now falls in (0: none open).
+  uint64_t open_count() {
+    std::lock_guard lock(mutex_);
+    return open_ ? opened_ : 0;
+  }
+  // A generation begun in window `opened` has finished; true when that window is still open.
+  bool generation_finished(uint64_t opened) {
+    std::lock_guard lock(mutex_);
+    if (opened == 0 || !open_ || opened != opened_) return false;
+    served_ = opened;
+    cv_.notify_all();
+    return true;
+  }
+  int timed_out() {
+    std::lock_guard lock(mutex_);
+    return timed_out_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  uint64_t opened_ = 0, served_ = 0;
+  bool open_ = false;
+  int timed_out_ = 0;
+};
 
 fs::path oracle_dir(int version) {
   return fs::temp_directory_path() / ("tessera_double_" + env("MASTER_PORT") + "_v" + std::to_string(version));
@@ -108,17 +148,18 @@ void generate_while_syncing() {
     torch::NoGradGuard no_grad;
     for (auto& p : rollout->model().module()->parameters()) p.fill_(std::numeric_limits<float>::quiet_NaN());
   }
-  // After each transfer and before its verdict: hold the sync open for 300 ms (generation must run
-  // meanwhile), and on the last rollout rank corrupt one byte of the second sync.
+  // After each transfer and before its verdict: hold the sync open until a generation begun inside
+  // it has finished (the main loop signals), and on the last rollout rank corrupt one byte of the
+  // second sync.
   auto options = sync_options();
-  auto in_sync = std::make_shared<std::atomic<bool>>(false);
+  auto window = std::make_shared<SyncWindow>();
   auto syncs_seen = std::make_shared<std::atomic<int>>(0);
   const bool corrupter = kEnv.rank == kEnv.world_size - 1;
   options.tamper_for_testing = [=](const std::string& name, at::Tensor& local) {
     if (name == "model.embed_tokens.weight") {
-      *in_sync = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      *in_sync = false;
+      // The first sync is awaited by the main thread (nothing to generate with yet); the two after
+      // it run beside generation.
+      if (syncs_seen->load() > 0) window->hold_until_generation(std::chrono::seconds(20));
       ++*syncs_seen;
     }
     if (name == kCorrupted && corrupter && syncs_seen->load() == 2) reinterpret_cast<uint8_t*>(local.data_ptr())[3] ^= 0x20;
@@ -134,10 +175,10 @@ void generate_while_syncing() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
   // Every rank runs the loop in lockstep: versions change only inside generate(), alike on all.
   while (rollout->weight_version() < 2 && std::chrono::steady_clock::now() < deadline) {
-    const bool syncing = in_sync->load();
+    const uint64_t opened = window->open_count();
     const auto out = rollout->generate(prompts, greedy);
     ++generations;
-    if (syncing) ++during_sync;
+    if (window->generation_finished(opened)) ++during_sync;
     const uint64_t v = rollout->weight_version();
     auto it = seen.find(v);
     if (it == seen.end()) {
@@ -150,7 +191,8 @@ void generate_while_syncing() {
   sink.stop();
   REQUIRE(rollout->weight_version() == 2);
   CHECK(syncs_seen->load() == 3);
-  CHECK(during_sync > 0);
+  CHECK(window->timed_out() == 0);  // both later syncs saw a generation run inside them
+  CHECK(during_sync >= 2);
   CHECK(seen.count(1) == 1);
   CHECK(seen.count(2) == 1);
   std::printf("rollout rank %d: %d generations, %d begun during a sync, last swap %.3f ms\n", kEnv.rank, generations,
