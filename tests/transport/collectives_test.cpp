@@ -173,6 +173,41 @@ TEST_CASE("every collective on sub-groups; a rank in several groups", "[collecti
   w.world->barrier()->wait();
 }
 
+TEST_CASE("two members: all-reduce of random values is the fp32 result rounded once, bitwise", "[collectives]") {
+  // Two members run the pair exchange (transport/gloo/pair_all_reduce.h): each element is
+  // combined once, in fp32 for bf16/fp16 (double for double), divided by 2 for avg, rounded once:
+  // what gloo's ring or bcube at two ranks gave before it. Random values (their sums are not exact
+  // in fp32), sizes around the 1 MiB segments (2^18 fp32 elements) and more segments per half than
+  // the two in flight.
+  auto& w = MpWorld::get();
+  // Pairs {0,1}, {2,3}, ... (every rank takes part in making each group); an odd last rank sits out.
+  std::shared_ptr<Communicator> pair = w.size == 2 ? w.world : nullptr;
+  for (int r = 0; w.size != 2 && r + 1 < w.size; r += 2)
+    if (auto g = w.world->group({r, r + 1}, "pair" + std::to_string(r))) pair = g;
+  if (!pair) return;
+  const int first = w.rank / 2 * 2;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf, torch::kDouble}) {
+    for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{1009}, int64_t{1} << 18, (int64_t{1} << 18) + 1,
+                      5 * (int64_t{1} << 18) + 3}) {
+      auto input = [&](int r) {
+        return torch::randn({n}, at::make_generator<at::CPUGeneratorImpl>(uint64_t(1000 * r + n)), torch::kDouble)
+            .to(dtype);
+      };
+      const auto compute = dtype == torch::kDouble ? torch::kDouble : torch::kFloat;
+      auto a = input(first).to(compute), b = input(first + 1).to(compute);
+      for (auto op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        INFO("dtype " << c10::toString(dtype) << " n " << n << " op " << int(op));
+        auto expected = op == ReduceOp::max ? torch::maximum(a, b) : a + b;
+        if (op == ReduceOp::avg) expected = expected / 2;
+        auto t = input(w.rank);
+        pair->all_reduce(t, {{}, op})->wait();
+        CHECK(torch::equal(t, expected.to(dtype)));
+      }
+    }
+  }
+  pair->barrier()->wait();
+}
+
 TEST_CASE("tens of MB: all-reduce, reduce-scatter and all-gather on the whole job", "[collectives][large]") {
   // 8 Mi + 3 fp32 elements (32 MiB) per all-reduce and all-gather input; the reduce-scatter input
   // holds 32 MiB in total. bf16 all-reduce of 16 MiB. Closed forms as above (integer inputs).

@@ -3,7 +3,9 @@
 // hot path on this (the sequencer's) thread (all-reduce, reduce, in-place all-gather) and what c10d
 // lacks in LibTorch 1.13 (reduce-scatter: gloo::alltoall and a local sum; uneven all-gather:
 // gloo::allgatherv), over a second full mesh on the same device and store. bf16/fp16
-// reductions run in fp32; byte-moving operations run on a uint8 view (Gloo has no bf16).
+// reductions run in fp32; byte-moving operations run on a uint8 view (Gloo has no bf16). An
+// all-reduce of two members is tessera's own pipelined exchange over the same mesh
+// (pair_all_reduce.h: bf16 travels as bf16, bitwise the ring's result).
 // The pairs listen on CommunicatorOptions::gloo_hostname, or where other nodes can reach them
 // (gloo_device below).
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -28,6 +30,7 @@
 #include "core/launch_env.h"
 #include "transport/detail/backend.h"
 #include "transport/detail/c10d_store.h"
+#include "transport/gloo/pair_all_reduce.h"
 
 namespace tessera::transport {
 namespace {
@@ -85,8 +88,8 @@ class GlooBackend : public Backend {
 
   const std::string& name() const override { return name_; }
 
-  // gloo's allreduce (the ring c10d's process group runs too) called on this thread: no hand-off
-  // to c10d's worker threads and back, which costs two thread switches per bucket.
+  // Run on this thread (the pair exchange or gloo's ring, as c10d's process group runs it): no
+  // hand-off to c10d's worker threads and back, which costs two thread switches per bucket.
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     if (tensor.numel() == 0) return;
     switch (tensor.scalar_type()) {
@@ -216,8 +219,12 @@ class GlooBackend : public Backend {
     return out;
   }
 
+  // Two members: the pipelined pair exchange (pair_all_reduce.h), bitwise what the ring gives.
+  // More: gloo's ring, as c10d's ProcessGroupGloo runs it (bcube's order could differ between
+  // ranks), bf16/fp16 in the fp32 scratch.
   template <typename T>
   void all_reduce_as(at::Tensor& tensor, ReduceOp op) {
+    if (size_ == 2) return pair_all_reduce(*context_, tensor, op, next_tag_++, timeout_, pair_scratch_);
     at::Tensor work = is_half(tensor) ? upcast(tensor) : tensor;
     gloo::AllreduceOptions o(context_);
     o.setOutput<T>(work.data_ptr<T>(), static_cast<size_t>(work.numel()));
@@ -225,11 +232,6 @@ class GlooBackend : public Backend {
     o.setReduceFunction(op == ReduceOp::max ? static_cast<Fn>(&gloo::max<T>) : static_cast<Fn>(&gloo::sum<T>));
     o.setTag(next_tag_++);
     o.setTimeout(timeout_);
-    // Two ranks: bcube is one exchange where the ring takes a reduce-scatter and an all-gather
-    // step (same bytes; on a loopback hop of ~0.3 ms that halves a small all-reduce). Both ranks
-    // still get the same bits, as every element is one commutative addition. At more ranks
-    // bcube's order could differ between ranks, so the ring stays.
-    if (size_ == 2) o.setAlgorithm(gloo::AllreduceOptions::Algorithm::BCUBE);
     gloo::allreduce(o);
     if (op == ReduceOp::avg) work.div_(size_);
     if (!work.is_same(tensor)) tensor.copy_(work);
@@ -293,6 +295,7 @@ class GlooBackend : public Backend {
 
   at::Tensor scratch_;   // fp32, see upcast()
   at::Tensor exchange_;  // reduce_scatter's received chunks
+  PairAllReduceScratch pair_scratch_;
   std::string name_ = "gloo";
   int rank_;
   int size_;
