@@ -185,8 +185,13 @@ std::shared_ptr<Communicator> Communicator::group(const std::vector<int>& ranks,
   } else {
     o.name = name;
   }
-  // Members create their groups in the same order: the count keeps repeated names apart.
-  std::string key = o.name + "#" + std::to_string(groups_made_++);
+  // The store key names the members, and counts only groups of that name and membership: a rank's
+  // other groups (which its peers here may not share) must not shift it. The count keeps a group
+  // made again with the same name and members apart.
+  std::string members;
+  for (size_t i = 0; i < ranks.size(); ++i) members += (i ? "_" : "") + std::to_string(ranks[i]);
+  const std::string identity = o.name + "[" + members + "]";
+  std::string key = identity + "#" + std::to_string(groups_made_[identity]++);
   auto scoped = store_->scoped("groups")->scoped(key);
   int group_rank = static_cast<int>(me - ranks.begin());
   auto backend = backend_->make_group(scoped, group_rank, static_cast<int>(ranks.size()), o);

@@ -40,6 +40,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -149,7 +150,9 @@ class Communicator {
   std::vector<int> job_ranks_;
   CommunicatorOptions options_;
   std::shared_ptr<Store> root_store_;  // the store given to the factory (for groups)
-  int groups_made_ = 0;
+  // Groups made so far per (name, member list): the members of one group count alike, whatever
+  // other groups each of them belongs to.
+  std::map<std::string, int> groups_made_;
 };
 
 }  // namespace tessera::transport
