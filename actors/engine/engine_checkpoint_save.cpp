@@ -71,8 +71,16 @@ void check_can_save(const Engine::Impl& s, const std::string& client_state) {
   if (!client.is_object()) throw CheckpointError("save_checkpoint: client_state must be a JSON object");
 }
 
-// Every rank saves the same tag into one partial directory: rank 0 clears leftovers and picks it.
-std::string agree_on_partial(transport::Communicator* comm, int rank, const std::string& dir, const std::string& tag) {
+// Every rank saves one tag into one partial directory: rank 0 clears leftovers and picks it. Ranks
+// that pass different tags (DeepSpeed's `checkpoint.tag_validation`): fail refuses on every rank
+// before anything is written; warn and ignore save under rank 0's tag, warn saying which ranks
+// differed. Returns the tag and the partial directory.
+struct AgreedSave {
+  std::string tag, partial;
+};
+
+AgreedSave agree_on_partial(transport::Communicator* comm, int rank, const std::string& dir, const std::string& tag,
+                            config::TagValidation validation) {
   std::string error;
   if (rank == 0) {
     try {
@@ -83,14 +91,24 @@ std::string agree_on_partial(transport::Communicator* comm, int rank, const std:
     }
   }
   const auto hello = all_gather_strings(comm, json{{"tag", tag}, {"nonce", nonce()}, {"error", error}}.dump());
+  const auto first = json::parse(hello[0]);
+  const std::string agreed = first["tag"].get<std::string>();
   std::vector<std::string> errors;
-  for (const auto& text : hello) {
-    const auto h = json::parse(text);
+  std::string differing;
+  for (size_t r = 0; r < hello.size(); ++r) {
+    const auto h = json::parse(hello[r]);
     errors.push_back(h["error"].get<std::string>());
-    if (h["tag"] != tag) errors.back() = "saves tag '" + h["tag"].get<std::string>() + "', rank " + std::to_string(rank) + " '" + tag + "'";
+    if (h["tag"] == agreed) continue;
+    differing += (differing.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " '" + h["tag"].get<std::string>() + "'");
+    if (validation == config::TagValidation::fail)
+      errors.back() = "the ranks pass different tags (rank 0 '" + agreed + "', rank " + std::to_string(r) + " '" +
+                      h["tag"].get<std::string>() + "'; checkpoint.tag_validation is Fail)";
   }
   if (auto e = first_error(errors); !e.empty()) throw CheckpointError("save_checkpoint " + dir + ": " + e);
-  return checkpoint::partial_dir(dir, tag, json::parse(hello[0])["nonce"].get<std::string>());
+  if (!differing.empty() && validation == config::TagValidation::warn && rank == 0)
+    log::warn("save_checkpoint " + dir + ": the ranks pass different tags (" + differing + "); saving under rank 0's '" +
+              agreed + "' (checkpoint.tag_validation: Warn; Fail refuses, Ignore says nothing)");
+  return {agreed, checkpoint::partial_dir(dir, agreed, first["nonce"].get<std::string>())};
 }
 
 }  // namespace
@@ -100,15 +118,17 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
   s.rethrow_pending();
   wait_for_checkpoint();
   check_can_save(s, options.client_state);
-  const std::string tag = options.tag.empty() ? "global_step" + std::to_string(s.global) : options.tag;
-  checkpoint::check_tag(tag);
+  const std::string requested = options.tag.empty() ? "global_step" + std::to_string(s.global) : options.tag;
+  checkpoint::check_tag(requested);
   const bool async = options.mode == SaveMode::asynchronous ||
                      (options.mode == SaveMode::configured && s.config.tessera.checkpoint.async_save);
   auto* comm = s.control_comm();
 
+  const auto agreed = agree_on_partial(comm, s.spec->rank, dir, requested, s.config.checkpoint.tag_validation);
+  const std::string& tag = agreed.tag;
   SaveJob job;
   job.dir = dir, job.tag = tag, job.rank = s.spec->rank, job.world = s.spec->world;
-  job.partial = agree_on_partial(comm, job.rank, dir, tag);
+  job.partial = agreed.partial;
   job.save_latest = options.save_latest;
   job.keep_last = s.config.tessera.checkpoint.keep_last;
   job.at_point_for_testing = options.at_point_for_testing;

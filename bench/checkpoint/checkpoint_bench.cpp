@@ -18,6 +18,7 @@
 // first save (safetensors, then bin) under GNU time and reports its peak RSS against the largest tensor,
 // also above a baseline (the same executable inspecting that checkpoint): the bound is that tensor
 // plus one 4 MiB read buffer. --mib 256 --width 2896: 8 tensors of 32 MiB.
+// --rss-saves 100: instead, the resident set over 100 asynchronous saves (flat after the first).
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
@@ -97,6 +98,33 @@ double raw_read(const std::string& path) {
   return since(t);
 }
 
+// This process's resident set now (not the high-water mark), from /proc/self/statm.
+double rss_mib() {
+  long pages_total = 0, pages_resident = 0;
+  std::ifstream("/proc/self/statm") >> pages_total >> pages_resident;
+  return double(pages_resident) * double(::sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
+
+// --rss-saves N: N asynchronous saves in a row (each waited for), RSS after each: the staging area
+// is allocated by the first and reused, so after it the resident set stays flat. One JSON line:
+// RSS after the first save, after the last, the most in between, and the growth as a fraction.
+void rss_over_saves(tessera::Engine& engine, const std::string& root, int saves, int rank) {
+  std::vector<double> rss;
+  tessera::CheckpointSaveOptions async{"rss"};
+  async.mode = tessera::SaveMode::asynchronous;
+  for (int i = 0; i < saves; ++i) {
+    engine.save_checkpoint(root, async);
+    engine.wait_for_checkpoint();
+    rss.push_back(rss_mib());
+  }
+  const double peak = *std::max_element(rss.begin(), rss.end());
+  std::printf("{\"bench\": \"checkpoint\", \"mode\": \"rss_over_async_saves\", \"rank\": %d, \"saves\": %d, "
+              "\"rss_after_first_mib\": %.1f, \"rss_after_last_mib\": %.1f, \"rss_max_mib\": %.1f, "
+              "\"growth_after_first\": %.4f, \"staging_mib\": %.1f, \"commit\": \"%s\"}\n",
+              rank, saves, rss.front(), rss.back(), peak, (rss.back() - rss.front()) / rss.front(),
+              double(engine.checkpoint_staging_bytes()) / (1 << 20), tessera::bench::commit().c_str());
+}
+
 // `tessera <args>` as a grandchild under GNU time: its own peak RSS in bytes, and seconds. Not
 // wait4 on our own child: a forked child's peak starts at ours (its copy of our address space
 // counts, and exec keeps the high-water mark), and this process holds two engines.
@@ -171,6 +199,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "rounds (medians reported)");
   app.add_option("--dir", dir, "where checkpoints and the raw files go (a real disk)");
   app.add_option("--consolidate", consolidate_with, "path of the tessera executable: measure consolidation only");
+  int rss_saves = 0;
+  app.add_option("--rss-saves", rss_saves, "instead: this many asynchronous saves, RSS after each (flat after the first)");
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
   const int64_t layers = std::max<int64_t>(1, (mib << 20) / (width * width * 4));
@@ -191,6 +221,11 @@ int main(int argc, char** argv) {
       consolidate_rss(consolidate_with, root + "/bench", root, width * width * 4, layers * (width * width + width) * 4);
       fs::remove_all(root);
     }
+    return 0;
+  }
+  if (rss_saves > 0) {
+    rss_over_saves(*engine, root, rss_saves, env.rank);
+    if (env.rank == 0) fs::remove_all(root);
     return 0;
   }
   const auto rank_file = root + "/bench/rank" + std::to_string(env.rank) + ".safetensors";

@@ -11,6 +11,7 @@ const char* name_of(OptimizerType v) { return detail::enum_name(v); }
 const char* name_of(SchedulerType v) { return detail::enum_name(v); }
 const char* name_of(PartitionType v) { return detail::enum_name(v); }
 const char* name_of(TransportBackend v) { return detail::enum_name(v); }
+const char* name_of(TagValidation v) { return detail::enum_name(v); }
 
 std::string canonical_dtype(const std::string& spelling) {
   const std::string s = spelling.rfind("torch.", 0) == 0 ? spelling.substr(6) : spelling;

@@ -53,6 +53,7 @@ enum class OptimizerType { adam, adamw, sgd, adagrad, lion };
 enum class SchedulerType { warmup_lr, warmup_decay_lr, warmup_cosine_lr, one_cycle };
 enum class PartitionType { row, column, skip };
 enum class TransportBackend { automatic, ucx, gloo, nccl };
+enum class TagValidation { ignore, warn, fail };
 
 // Names as the files spell them ("cpu", "AdamW", "WarmupDecayLR", ...; a replica policy's:
 // affine::name_of).
@@ -61,6 +62,7 @@ const char* name_of(OptimizerType v);
 const char* name_of(SchedulerType v);
 const char* name_of(PartitionType v);
 const char* name_of(TransportBackend v);
+const char* name_of(TagValidation v);
 
 // A floating-point dtype as configs spell it (DeepSpeed accepts "bf16", "bfloat16",
 // "torch.bfloat16", "half", "float", ...): "fp32", "fp16" or "bf16"; "" for anything else.
@@ -280,6 +282,16 @@ struct CompileConfig {
   TESSERA_CONFIG_EQ(CompileConfig)
 };
 
+// checkpoint: DeepSpeed's own block. tessera acts on tag_validation: what save_checkpoint does
+// when the ranks pass different tags (every rank writes into one tag directory, so ignore and
+// warn save under rank 0's tag, warn saying so; fail refuses before anything is written). Its
+// other keys are switches of DeepSpeed's writer and loader (core/config/keys.cpp says which).
+struct CheckpointBlockConfig {
+  TagValidation tag_validation = TagValidation::warn;  // DeepSpeed's default
+  auto tie() const { return std::tie(tag_validation); }
+  TESSERA_CONFIG_EQ(CheckpointBlockConfig)
+};
+
 // tessera.transport: how ranks reach each other (DeepSpeed has no keys for this).
 // The transport's option structs (CommunicatorOptions, StoreOptions, TcpStoreOptions,
 // RemoteExecutorOptions) take their defaults from here, so each is written once.
@@ -307,7 +319,7 @@ struct RolloutConfig {
 };
 
 // tessera.checkpoint: Engine::save_checkpoint's housekeeping (DeepSpeed's own `checkpoint` block
-// holds format switches tessera does not need).
+// has no keys for it: CheckpointBlockConfig above).
 struct CheckpointConfig {
   std::int64_t keep_last = 0;  // after a save, remove all but the newest N tags (0: keep every one)
   bool async_save = false;     // save_checkpoint snapshots and returns; a writer thread writes and commits
@@ -351,6 +363,7 @@ struct Config {
   ZeroConfig zero_optimization;
   TensorParallelConfig tensor_parallel;
   CompileConfig compile;
+  CheckpointBlockConfig checkpoint;
   TesseraConfig tessera;
   // Keys tessera does not act on (ignored or not yet supported), kept as JSON text by dotted
   // path so that writing the config back keeps them: {"flops_profiler": "{\"enabled\":true}"}.
@@ -365,7 +378,7 @@ struct Config {
   auto tie() const {
     return std::tie(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
                     steps_per_print, wall_clock_breakdown, fp16, bf16, torch_autocast, data_types, optimizer, scheduler,
-                    zero_optimization, tensor_parallel, compile, tessera, passthrough);
+                    zero_optimization, tensor_parallel, compile, checkpoint, tessera, passthrough);
   }
   TESSERA_CONFIG_EQ(Config)
 };

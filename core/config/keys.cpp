@@ -30,7 +30,6 @@ const KeyRule kRules[] = {
     {"", "wandb", I, "", "monitoring"},
     {"", "csv_monitor", I, "", "monitoring"},
     {"", "comet", I, "", "monitoring"},
-    {"", "checkpoint", I, "", "checkpoint-format switches"},
     {"", "autotuning", I, "", "the autotuner is a DeepSpeed tool"},
     {"", "nebula", I, "", "checkpoint service"},
     {"", "timers", I, "", "timing"},
@@ -67,6 +66,12 @@ const KeyRule kRules[] = {
     {"fp16", "fp16_master_weights_and_grads", U, "false", "fp16 master weights"},
     {"bf16", "immediate_grad_update", I, "", "an execution-order hint"},
     {"bf16", "check_grad_overflow", I, "", "bf16 has no overflow to check"},
+    // checkpoint (DeepSpeed's writer and loader switches; tag_validation is modelled)
+    {"checkpoint", "load_universal", I, "", "tessera's checkpoints load at any layout without conversion"},
+    {"checkpoint", "checkpoint_serialization", I, "", "torch.save's zip format (tessera writes safetensors)"},
+    {"checkpoint", "writer", I, "", "DeepSpeed's writer engines (tessera's asynchronous save: [tessera.checkpoint] async_save)"},
+    {"checkpoint", "parallel_write", I, "", "applies only to pipeline stages"},
+    {"checkpoint", "use_node_local_storage", U, "false", "checkpoints split across node-local disks"},
     // optimizer
     {"optimizer", "legacy_fusion", I, "", "a kernel choice"},
     {"optimizer.params", "fused", I, "", "a kernel choice"},

@@ -335,3 +335,26 @@ TEST_CASE("[tessera.checkpoint] keep_last: default 0 (keep every tag), >= 0, rou
   CHECK_THAT(config_error([&] { load_toml("train_micro_batch_size_per_gpu = 1\n[tessera.checkpoint]\nkeep_lst = 2\n"); }),
              Catch::Contains("keep_lst"));
 }
+
+TEST_CASE("DeepSpeed's checkpoint block: tag_validation read in any case, its writer switches ignored, node-local storage refused",
+          "[config][load]") {
+  const auto json = [](const std::string& block) {
+    return load_config_text("{\"train_micro_batch_size_per_gpu\": 1, \"checkpoint\": " + block + "}", Format::json, "ckpt.json");
+  };
+  CHECK(json("{}").checkpoint.tag_validation == TagValidation::warn);  // DeepSpeed's default
+  CHECK(json("{\"tag_validation\": \"FAIL\"}").checkpoint.tag_validation == TagValidation::fail);
+  CHECK(json("{\"tag_validation\": \"Ignore\"}").checkpoint.tag_validation == TagValidation::ignore);
+  const std::string bad = config_error([&] { json("{\"tag_validation\": \"Sometimes\"}"); });
+  CHECK_THAT(bad, Catch::Contains("checkpoint.tag_validation") && Catch::Contains("Sometimes"));
+  const Config c = json(
+      "{\"tag_validation\": \"Warn\", \"load_universal\": true, \"checkpoint_serialization\": false, "
+      "\"writer\": {\"type\": \"fast\"}, \"parallel_write\": {\"pipeline_stage\": false}, \"use_node_local_storage\": true}");
+  CHECK(has_warning(c, "checkpoint.load_universal"));
+  CHECK(has_warning(c, "checkpoint.writer"));
+  REQUIRE(c.unsupported.size() == 1);
+  CHECK(c.unsupported[0].path == "checkpoint.use_node_local_storage");
+  CHECK(json("{\"use_node_local_storage\": false}").unsupported.empty());
+  // Written back as DeepSpeed spells it, and read again the same.
+  const Config again = load_config_text(to_json(json("{\"tag_validation\": \"fail\"}")), Format::json, "again.json");
+  CHECK(again.checkpoint.tag_validation == TagValidation::fail);
+}

@@ -447,6 +447,38 @@ TEST_CASE("Save inside a batch is refused; a bad tag is refused", "[errors]") {
   CHECK(fs::exists(fs::path(dir) / "ok" / "manifest.json"));
 }
 
+// DeepSpeed's `checkpoint.tag_validation` when the ranks pass different tags: Fail refuses on
+// every rank before anything is written; Warn (the default) and Ignore save under rank 0's tag.
+TEST_CASE("checkpoint.tag_validation: ranks passing different tags", "[errors]") {
+  if (kWorld == 1) return;  // one rank cannot disagree with itself
+  const std::string mine = "step_rank" + std::to_string(kRank);
+  auto t = gpt();
+  {
+    const auto dir = fresh_dir("tags_fail");
+    auto engine = engine_for(t, config(1, "") + "[checkpoint]\ntag_validation = \"FAIL\"\n");
+    train(*engine, t, 0, 1);
+    CHECK_THROWS_WITH(engine->save_checkpoint(dir, {mine}),
+                      Catch::Contains("different tags") && Catch::Contains("rank 0 'step_rank0'") &&
+                          Catch::Contains("rank 1 'step_rank1'") && Catch::Contains("Fail"));
+    barrier();
+    CHECK(fs::is_empty(dir));  // no tag directory, no partial one, no latest
+    engine->save_checkpoint(dir, {"agreed"});  // the engine goes on
+    CHECK(engine->load_checkpoint(dir).tag == "agreed");
+  }
+  for (const std::string mode : {"Warn", "ignore"}) {
+    INFO(mode);
+    const auto dir = fresh_dir("tags_" + mode);
+    auto engine = engine_for(t, config(1, "") + "[checkpoint]\ntag_validation = \"" + mode + "\"\n");
+    train(*engine, t, 0, 1);
+    const auto path = engine->save_checkpoint(dir, {mine});
+    CHECK(path == (fs::path(dir) / "step_rank0").string());
+    barrier();
+    CHECK(fs::exists(fs::path(dir) / "step_rank0" / "manifest.json"));
+    CHECK_FALSE(fs::exists(fs::path(dir) / "step_rank1"));
+    CHECK(engine->load_checkpoint(dir).tag == "step_rank0");
+  }
+}
+
 // Saved at this launch's layout (TESSERA_CKPT_STAGE, TESSERA_CKPT_DTYPE) into TESSERA_CKPT_DIR,
 // with the reference every later layout must reproduce (reference.safetensors, rank 0).
 TEST_CASE("Save at one layout, with its reference", "[.layout_save]") {

@@ -27,6 +27,8 @@ TESSERA_ENUM_NAMES(PartitionType, "a partition type", {PartitionType::row, "row"
                    {PartitionType::column, "column"}, {PartitionType::skip, "skip"})
 TESSERA_ENUM_NAMES(TransportBackend, "a transport backend", {TransportBackend::automatic, "auto"},
                    {TransportBackend::ucx, "ucx"}, {TransportBackend::gloo, "gloo"}, {TransportBackend::nccl, "nccl"})
+TESSERA_ENUM_NAMES(TagValidation, "a tag validation mode", {TagValidation::ignore, "Ignore"},
+                   {TagValidation::warn, "Warn"}, {TagValidation::fail, "Fail"})
 
 #undef TESSERA_ENUM_NAMES
 

@@ -154,6 +154,8 @@ template <class V> void visit(CompileConfig& c, V& v) {
   v.field("passes", c.passes);
 }
 
+template <class V> void visit(CheckpointBlockConfig& c, V& v) { v.field("tag_validation", c.tag_validation); }
+
 template <class V> void visit(TransportConfig& c, V& v) {
   v.field("backend", c.backend);
   v.field("connect_timeout_ms", c.connect_timeout_ms);
@@ -196,6 +198,7 @@ template <class V> void visit(Config& c, V& v) {
   v.section("zero_optimization", c.zero_optimization);
   v.section("tensor_parallel", c.tensor_parallel);
   v.section("compile", c.compile);
+  v.section("checkpoint", c.checkpoint);
   v.section("tessera", c.tessera);
 }
 
