@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "core/io/huge_page_buffer.h"
 #include "core/log/log.h"
 
 namespace tessera {
@@ -27,7 +28,7 @@ at::Tensor CheckpointWriter::stage(const std::string& key, const at::Tensor& sou
   if (busy()) throw Error("checkpoint writer: staging while a save is in flight");
   auto& slot = staging_[key];
   if (!slot.defined() || slot.numel() != source.numel() || slot.scalar_type() != source.scalar_type())
-    slot = at::empty({source.numel()}, source.options().device(at::kCPU));
+    slot = io::huge_page_empty(source.numel(), source.scalar_type());  // the first save's faults, 2 MiB each
   slot.copy_(source.reshape({source.numel()}));
   return slot;
 }

@@ -18,6 +18,7 @@
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/manifest.h"
 #include "core/io/detail/posix_file.h"
+#include "core/io/huge_page_buffer.h"
 
 namespace fs = std::filesystem;
 
@@ -130,7 +131,7 @@ void read_sources(LoadPlan& plan, const std::string& tag_dir) {
                               std::to_string(src.file->bytes) + " (truncated or replaced)");
     }
     const auto& b = *src.buffer;
-    src.data = at::empty({b.elements}, at::TensorOptions().dtype(scalar_type(b.dtype)));  // pages touched by reads only
+    src.data = io::huge_page_empty(b.elements, scalar_type(b.dtype));  // pages touched by reads only, 2 MiB each
     const int64_t bytes = b.elements * affine::element_size(b.dtype);
     auto* base = static_cast<char*>(src.data.data_ptr());
     for (int64_t c : src.chunks) {
