@@ -178,18 +178,13 @@ std::shared_ptr<Communicator> Communicator::group(const std::vector<int>& ranks,
     throw TransportError(context() + ": group ranks must be distinct members 0.." + std::to_string(size_ - 1));
   auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) return nullptr;
+  std::string members;  // "3_1_2", in the given order (it decides the group ranks)
+  for (size_t i = 0; i < ranks.size(); ++i) members += (i ? "_" : "") + std::to_string(ranks[i]);
   CommunicatorOptions o = options_;
-  if (name.empty()) {
-    o.name = options_.name + ".g";
-    for (size_t i = 0; i < ranks.size(); ++i) o.name += (i ? "_" : "") + std::to_string(ranks[i]);
-  } else {
-    o.name = name;
-  }
+  o.name = name.empty() ? options_.name + ".g" + members : name;
   // The store key names the members, and counts only groups of that name and membership: a rank's
   // other groups (which its peers here may not share) must not shift it. The count keeps a group
   // made again with the same name and members apart.
-  std::string members;
-  for (size_t i = 0; i < ranks.size(); ++i) members += (i ? "_" : "") + std::to_string(ranks[i]);
   const std::string identity = o.name + "[" + members + "]";
   std::string key = identity + "#" + std::to_string(groups_made_[identity]++);
   auto scoped = store_->scoped("groups")->scoped(key);

@@ -94,19 +94,21 @@ AgreedSave agree_on_partial(transport::Communicator* comm, int rank, const std::
   const auto first = json::parse(hello[0]);
   const std::string agreed = first["tag"].get<std::string>();
   std::vector<std::string> errors;
-  std::string differing;
+  std::string tags = "rank 0 '" + agreed + "'";  // and every rank whose tag differs
+  bool differ = false;
   for (size_t r = 0; r < hello.size(); ++r) {
     const auto h = json::parse(hello[r]);
     errors.push_back(h["error"].get<std::string>());
     if (h["tag"] == agreed) continue;
-    differing += (differing.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " '" + h["tag"].get<std::string>() + "'");
-    if (validation == config::TagValidation::fail)
-      errors.back() = "the ranks pass different tags (rank 0 '" + agreed + "', rank " + std::to_string(r) + " '" +
-                      h["tag"].get<std::string>() + "'; checkpoint.tag_validation is Fail)";
+    differ = true;
+    tags += ", rank " + std::to_string(r) + " '" + h["tag"].get<std::string>() + "'";
   }
   if (auto e = first_error(errors); !e.empty()) throw CheckpointError("save_checkpoint " + dir + ": " + e);
-  if (!differing.empty() && validation == config::TagValidation::warn && rank == 0)
-    log::warn("save_checkpoint " + dir + ": the ranks pass different tags (" + differing + "); saving under rank 0's '" +
+  if (differ && validation == config::TagValidation::fail)  // every rank read the same tags: all refuse
+    throw CheckpointError("save_checkpoint " + dir + ": the ranks pass different tags (" + tags +
+                          "; checkpoint.tag_validation is Fail)");
+  if (differ && validation == config::TagValidation::warn && rank == 0)
+    log::warn("save_checkpoint " + dir + ": the ranks pass different tags (" + tags + "); saving under rank 0's '" +
               agreed + "' (checkpoint.tag_validation: Warn; Fail refuses, Ignore says nothing)");
   return {agreed, checkpoint::partial_dir(dir, agreed, first["nonce"].get<std::string>())};
 }

@@ -37,6 +37,7 @@
 
 #include "actors/engine/engine.h"
 #include "bench/common/commit.h"
+#include "bench/common/process_memory.h"
 #include "core/config/load.h"
 #include "transport/launch_env.h"
 
@@ -98,13 +99,6 @@ double raw_read(const std::string& path) {
   return since(t);
 }
 
-// This process's resident set now (not the high-water mark), from /proc/self/statm.
-double rss_mib() {
-  long pages_total = 0, pages_resident = 0;
-  std::ifstream("/proc/self/statm") >> pages_total >> pages_resident;
-  return double(pages_resident) * double(::sysconf(_SC_PAGESIZE)) / (1 << 20);
-}
-
 // --rss-saves N: N asynchronous saves in a row (each waited for), RSS after each: the staging area
 // is allocated by the first and reused, so after it the resident set stays flat. One JSON line:
 // RSS after the first save, after the last, the most in between, and the growth as a fraction.
@@ -115,7 +109,7 @@ void rss_over_saves(tessera::Engine& engine, const std::string& root, int saves,
   for (int i = 0; i < saves; ++i) {
     engine.save_checkpoint(root, async);
     engine.wait_for_checkpoint();
-    rss.push_back(rss_mib());
+    rss.push_back(tessera::bench::status_mib("VmRSS"));
   }
   const double peak = *std::max_element(rss.begin(), rss.end());
   std::printf("{\"bench\": \"checkpoint\", \"mode\": \"rss_over_async_saves\", \"rank\": %d, \"saves\": %d, "

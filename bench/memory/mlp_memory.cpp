@@ -7,27 +7,14 @@
 #include <torch/torch.h>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <thread>
 
 #include "actors/engine/engine.h"
+#include "bench/common/process_memory.h"
 #include "core/config/load.h"
 #include "core/nn/mlp.h"
 #include "transport/launch_env.h"
-
-namespace {
-
-// A field of /proc/self/status in MB ("VmRSS", "VmHWM").
-double status_mb(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024.0;
-  return -1;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Resident memory of the engine training an MLP"};
@@ -72,7 +59,7 @@ int main(int argc, char** argv) {
                 "\"engine_states_mb\":%.1f}\n",
                 kind, env.rank, env.world_size, stage, precision.c_str(),
                 static_cast<long long>(tessera::nn::mlp_parameter_count(model)), static_cast<long long>(bucket), step,
-                status_mb("VmRSS"), status_mb("VmHWM"), m.parameters / 1e6, m.gradients / 1e6, m.master / 1e6,
+                tessera::bench::status_mib("VmRSS"), tessera::bench::status_mib("VmHWM"), m.parameters / 1e6, m.gradients / 1e6, m.master / 1e6,
                 m.optimizer_states / 1e6);
     std::fflush(stdout);
   };
