@@ -63,6 +63,8 @@
 
 #include "actors/engine/param_group.h"
 #include "actors/engine/storage_maps.h"
+#include "core/checkpoint/consolidate.h"
+#include "core/checkpoint/hf_export.h"
 #include "core/config/config.h"
 #include "core/config/resolve_auto.h"
 #include "core/optim/optimizer_options.h"
@@ -160,6 +162,20 @@ struct CheckpointLoaded {
   std::string path;          // the tag directory read
   std::string tag;
   std::string client_state;  // the JSON object given to save_checkpoint
+};
+
+// save_16bit_model's arguments (DeepSpeed's exclude_frozen_parameters; the files are always
+// Hugging Face's model.safetensors, sharded with an index above max_shard_bytes).
+struct Save16BitOptions {
+  int64_t max_shard_bytes = checkpoint::kDefaultMaxShardBytes;
+  std::string config_json;                 // written as DIR/config.json when not empty
+  bool exclude_frozen_parameters = false;  // frozen parameters are exported too, as DeepSpeed does
+  checkpoint::ExportFill fill_for_testing = checkpoint::ExportFill::sparse;
+};
+
+struct ModelExported {
+  std::vector<std::string> files;  // written into DIR (shards, then the index and config.json)
+  int64_t bytes_written = 0;       // by this rank: its share of the tensors' bytes
 };
 
 struct InitializeOptions {
@@ -308,6 +324,12 @@ class Engine {
   std::string save_checkpoint(const std::string& dir, const CheckpointSaveOptions& options = {});
   CheckpointLoaded load_checkpoint(const std::string& dir, const CheckpointLoadOptions& options = {});
   void wait_for_checkpoint();
+  // The weights whole in their training dtype (bf16/fp16, or fp32 when training in fp32) as a
+  // Hugging Face directory, collective: every rank writes the bytes it stores into the shared
+  // files, no rank gathers the model (core/checkpoint/hf_export.h). Files are created under
+  // temporary names and renamed once every rank's bytes are synced; shards of an earlier export
+  // that the new one does not have are removed. Call between steps.
+  ModelExported save_16bit_model(const std::string& dir, const Save16BitOptions& options = {});
   // Host memory the asynchronous saves snapshot into (0 before the first one).
   int64_t checkpoint_staging_bytes() const;
   void train();

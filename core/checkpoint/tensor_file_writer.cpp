@@ -38,22 +38,8 @@ class SafetensorsWriter final : public TensorFileWriter {
   SafetensorsWriter(const std::string& path, const std::vector<OutputTensor>& tensors,
                     const std::map<std::string, std::string>& metadata)
       : order_(path, tensors), file_(path) {
-    nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    if (!metadata.empty()) header["__metadata__"] = metadata;
-    int64_t offset = 0;
-    for (const auto& t : tensors) {
-      header[t.name] = {{"dtype", safetensors_dtype(t.dtype)},
-                        {"shape", t.shape.to_vector()},
-                        {"data_offsets", {offset, offset + t.bytes()}}};
-      offset += t.bytes();
-    }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // as the reference writer pads
-    const uint64_t n = text.size();
-    unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));  // little-endian
-    file_.write(length, 8);
-    file_.write(text.data(), text.size());
+    const std::string prefix = safetensors_prefix(tensors, metadata);
+    file_.write(prefix.data(), prefix.size());
   }
   void write(const std::string& name, const void* data, int64_t bytes) override {
     order_.next(name, bytes);
@@ -70,6 +56,24 @@ class SafetensorsWriter final : public TensorFileWriter {
 };
 
 }  // namespace
+
+std::string safetensors_prefix(const std::vector<OutputTensor>& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    header[t.name] = {{"dtype", safetensors_dtype(t.dtype)},
+                      {"shape", t.shape.to_vector()},
+                      {"data_offsets", {offset, offset + t.bytes()}}};
+    offset += t.bytes();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // as the reference writer pads
+  const uint64_t n = text.size();
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[size_t(i)] = static_cast<char>(n >> (8 * i));  // little-endian
+  return prefix + text;
+}
 
 OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
   do {

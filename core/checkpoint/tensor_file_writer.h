@@ -45,6 +45,9 @@ class TensorFileWriter {
 
 std::unique_ptr<TensorFileWriter> safetensors_writer(const std::string& path, const std::vector<OutputTensor>& tensors,
                                                      const std::map<std::string, std::string>& metadata);
+// The first bytes of a safetensors file of `tensors` in this order: the 8-byte length and the
+// space-padded JSON header; the data section follows, tensors packed in order.
+std::string safetensors_prefix(const std::vector<OutputTensor>& tensors, const std::map<std::string, std::string>& metadata);
 // f32, f16, bf16, f64 and the integer types of affine::DType.
 std::unique_ptr<TensorFileWriter> pytorch_bin_writer(const std::string& path, const std::vector<OutputTensor>& tensors);
 

@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   std::string hf_config, init_weights, save_dir;
   app.add_option("--model-config", hf_config, "a Llama/Qwen2/Qwen3 config.json (or its directory) instead of TinyGpt");
   app.add_option("--init-weights", init_weights, "start from this Hugging Face weight directory (with --model-config)");
-  app.add_option("--save-dir", save_dir, "rank 0 writes the trained model here as a Hugging Face directory (with --model-config)");
+  app.add_option("--save-dir", save_dir, "the trained model as a Hugging Face directory (save_16bit_model: every rank writes its part; with --model-config)");
   std::string checkpoint_dir;
   int save_every = 0;
   bool resume = false;
@@ -259,13 +259,15 @@ int main(int argc, char** argv) {
       }
     }
     if (!save_dir.empty()) {
-      // At stage 3 the weights are partitioned: every rank gathers them (a collective) and rank 0
-      // writes them while they are; at stages 0-2 the scope does nothing.
-      auto gathered = engine->gathered_parameters();
-      if (rank == 0) {
-        model.decoder->save_pretrained(save_dir);
-        std::printf("%ssaved the model to %s\n", tty ? "\n" : "", save_dir.c_str());
-      }
+      // Every rank writes the bytes it stores into the shared files (at stage 3 its partitions):
+      // no rank gathers the model. The weights keep the training dtype.
+      auto hf = model.decoder->config();
+      hf.torch_dtype = resolved.bf16.enabled.value ? "bfloat16" : resolved.fp16.enabled.value ? "float16" : "float32";
+      tessera::Save16BitOptions exported;
+      exported.config_json = tessera::nn::decoder_config_json(hf);
+      const auto result = engine->save_16bit_model(save_dir, exported);
+      if (rank == 0)
+        std::printf("%ssaved the model to %s (%zu files)\n", tty ? "\n" : "", save_dir.c_str(), result.files.size());
     }
     if (rank == 0) {
       std::printf("%sdone: %d steps in %.1f s, skipped %lld%s%s\n", tty ? "\n" : "", steps,

@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "core/affine/validate.h"
+#include "core/affine/run_boxes.h"
+#include "core/affine/zero_storage.h"
+#include "core/checkpoint/hf_export.h"
 #include "core/checkpoint/manifest.h"
 #include "core/checkpoint/save_layout.h"
 #include "core/error.h"
@@ -151,4 +154,109 @@ TEST_CASE("The manifest round-trips through JSON and refuses what is not one") {
   f.buffers[0].data_offset = 95;
   m.files[0] = f;
   CHECK_THROWS_WITH(manifest_from_json(to_json(m), "x.json"), Catch::Contains("do not fit the file"));
+}
+
+// ---- The 16-bit export's layout and who writes what (hf_export.h), without an engine ----
+
+namespace {
+
+// Every rank's buffer holds, at each address, the element index it stores there (+ 1000 per
+// tensor); applying every rank's writes to a file image must give each tensor's indices in order,
+// every data byte written exactly once.
+struct ExportImage {
+  std::vector<std::vector<uint16_t>> files;
+  std::vector<std::vector<int>> writes_per_element;
+};
+
+ExportImage simulate_export(const std::vector<tessera::affine::TensorMap>& maps, int world, int64_t max_shard_bytes) {
+  using namespace tessera::checkpoint;
+  std::vector<OutputTensor> tensors;
+  for (const auto& m : maps) tensors.push_back({m.name, m.dtype, m.shape});
+  const auto layout = plan_export(tensors, max_shard_bytes, {{"format", "pt"}});
+  ExportImage image;
+  for (const auto& f : layout.files) {
+    image.files.emplace_back(size_t(f.bytes / 2), uint16_t(0xffff));
+    image.writes_per_element.emplace_back(size_t(f.bytes / 2), 0);
+  }
+  for (size_t t = 0; t < maps.size(); ++t)
+    for (int rank = 0; rank < world; ++rank) {
+      if (!maps[t].ranks.count(rank)) continue;
+      const auto& storage = maps[t].ranks.at(rank);
+      std::vector<uint16_t> buffer(size_t(storage.buffer_elements), uint16_t(0xeeee));
+      for (const auto& piece : storage.pieces)
+        for (int64_t i = 0; i < piece.box.volume(); ++i) {  // the box's elements, row-major
+          tessera::affine::Dims index = piece.box.origin;
+          int64_t rest = i;
+          for (int k = piece.box.ndim() - 1; k >= 0; --k)
+            index[k] = piece.box.origin[k] + rest % piece.box.shape[k], rest /= piece.box.shape[k];
+          buffer[size_t(piece.address_of(index))] =
+              uint16_t(1000 * t + tessera::affine::linear_index(maps[t].shape, index));
+        }
+      for (const auto& w : export_writes(maps[t], layout, layout.file_of[t], layout.offset_of[t], rank, world)) {
+        REQUIRE(w.bytes % 2 == 0);
+        for (int64_t b = 0; b < w.bytes / 2; ++b) {
+          image.files[size_t(w.file)][size_t(w.file_offset / 2 + b)] = buffer[size_t(w.buffer_offset / 2 + b)];
+          ++image.writes_per_element[size_t(w.file)][size_t(w.file_offset / 2 + b)];
+        }
+      }
+    }
+  for (size_t t = 0; t < maps.size(); ++t)
+    for (int64_t e = 0; e < maps[t].numel(); ++e) {
+      const auto at = size_t(layout.offset_of[t] / 2 + e);
+      INFO(maps[t].name << " element " << e);
+      CHECK(image.writes_per_element[size_t(layout.file_of[t])][at] == 1);
+      CHECK(image.files[size_t(layout.file_of[t])][at] == uint16_t(1000 * t + e));
+    }
+  return image;
+}
+
+std::vector<tessera::affine::TensorMap> export_maps(int world) {
+  using namespace tessera::affine;
+  std::vector<TensorMap> maps;
+  // A ZeRO-3 partition (uneven at 3 ranks: 70 elements, P = 24) and a replicated vector.
+  maps.push_back(zero3_partition({"w", DType::bf16, Dims{10, 7}}, world));
+  std::vector<StoredRun> runs;
+  std::map<int, int64_t> sizes;
+  for (int r = 0; r < world; ++r) runs.push_back({r, 0, 3000, 5}), sizes[r] = 3005;
+  maps.push_back(stored_runs({"b", DType::bf16, Dims{3000}}, runs, sizes));
+  maps.push_back(zero3_partition({"v", DType::bf16, Dims{5}}, world));
+  return maps;
+}
+
+}  // namespace
+
+TEST_CASE("The export's writes cover every byte once: partitions by their holder, replicas split by slices",
+          "[format][export]") {
+  for (int world : {1, 2, 3}) {
+    for (int64_t max_shard : {int64_t(100), int64_t(1) << 30}) {
+      INFO("world " << world << ", shards of at most " << max_shard << " bytes");
+      simulate_export(export_maps(world), world, max_shard);
+    }
+  }
+  // Replicated bytes are shared: at 3 ranks no rank writes all of the 6000-byte vector.
+  using namespace tessera::checkpoint;
+  const auto maps = export_maps(3);
+  std::vector<OutputTensor> tensors;
+  for (const auto& m : maps) tensors.push_back({m.name, m.dtype, m.shape});
+  const auto layout = plan_export(tensors, int64_t(1) << 30, {});
+  REQUIRE(layout.files.size() == 1);
+  CHECK(layout.index_json.empty());
+  for (int rank = 0; rank < 3; ++rank) {
+    int64_t bytes = 0;
+    for (const auto& w : export_writes(maps[1], layout, 0, layout.offset_of[1], rank, 3)) bytes += w.bytes;
+    CHECK(bytes < 6000);
+  }
+}
+
+TEST_CASE("The export check finds a rank's missing piece (negative control)", "[format][export]") {
+  auto maps = export_maps(3);
+  maps[0].ranks.at(1).pieces.pop_back();  // rank 1 no longer stores its last run of "w"
+  std::vector<tessera::checkpoint::OutputTensor> tensors;
+  for (const auto& m : maps) tensors.push_back({m.name, m.dtype, m.shape});
+  const auto layout = tessera::checkpoint::plan_export(tensors, int64_t(1) << 30, {});
+  int64_t written = 0;
+  for (int rank = 0; rank < 3; ++rank)
+    for (const auto& w : tessera::checkpoint::export_writes(maps[0], layout, 0, layout.offset_of[0], rank, 3))
+      written += w.bytes;
+  CHECK(written < 70 * 2);
 }

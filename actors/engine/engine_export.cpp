@@ -1,0 +1,189 @@
+// Engine::save_16bit_model: the weights as a Hugging Face directory, each rank writing the bytes it
+// stores (core/checkpoint/hf_export.h decides the layout and who writes what).
+//
+// Steps, every rank: (1) rank 0 creates the files under hidden temporary names, sized, with their
+// headers; the ranks agree on the names and on any error. (2) Each rank pwrites its ranges and
+// syncs; the ranks agree. (3) Rank 0 renames the files into place, writes the index and
+// config.json atomically, removes shards of an earlier export the new one lacks, syncs DIR; the
+// ranks agree, so every rank returns (or raises the same error) once the export is complete.
+// A failure at any step removes the temporary files; a kill leaves at most hidden .partial files.
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "actors/engine/checkpoint_support.h"
+#include "actors/engine/engine_impl.h"
+#include "core/affine/serialize.h"
+#include "core/checkpoint/checkpoint_dir.h"
+#include "core/io/detail/posix_file.h"
+
+namespace fs = std::filesystem;
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+using checkpoint_support::all_gather_strings;
+using checkpoint_support::first_error;
+
+// What one exported tensor comes from: a stored map (trainable) or a whole frozen tensor.
+struct ExportSource {
+  const StoredTensorMap* stored = nullptr;
+  at::Tensor frozen;
+};
+
+std::string temp_name(const std::string& file, const std::string& nonce) { return "." + file + ".partial-" + nonce; }
+
+// Runs `work`, returning its error message ("" on success) so the ranks can agree on it.
+template <class Work>
+std::string attempt(Work&& work) {
+  try {
+    work();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void agree(transport::Communicator* comm, const std::string& dir, const std::string& error) {
+  if (auto e = first_error(all_gather_strings(comm, error)); !e.empty())
+    throw CheckpointError("save_16bit_model " + dir + ": " + e);
+}
+
+bool is_export_file(const std::string& name) {
+  return name == "model.safetensors" || name == "model.safetensors.index.json" ||
+         (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+          name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0);
+}
+
+// Rank 0, after the renames: shards and index of an earlier export that this one does not have.
+void remove_stale(const std::string& dir, const std::vector<std::string>& kept) {
+  const std::set<std::string> keep(kept.begin(), kept.end());
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const auto name = entry.path().filename().string();
+    if (is_export_file(name) && !keep.count(name)) fs::remove(entry.path());
+  }
+}
+
+}  // namespace
+
+ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOptions& options) {
+  auto& s = *impl_;
+  s.rethrow_pending();
+  auto* comm = s.control_comm();
+  const int rank = s.spec->rank, world = s.spec->world;
+  const auto storage = storage_maps();
+
+  // The tensors in model order: trainable ones from their maps, frozen ones whole (every rank has them).
+  std::map<std::string, const StoredTensorMap*> stored;
+  for (const auto& m : storage.maps)
+    if (m.kind == "param") stored.emplace(m.map.name, &m);
+  std::vector<checkpoint::OutputTensor> tensors;
+  std::vector<ExportSource> sources;
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& item : s.module->named_parameters()) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied: once, first name
+    if (auto found = stored.find(item.key()); found != stored.end()) {
+      const auto& map = found->second->map;
+      tensors.push_back({item.key(), map.dtype, map.shape});
+      sources.push_back({found->second, {}});
+    } else if (!item.value().requires_grad() && !options.exclude_frozen_parameters) {
+      const auto t = item.value().detach();
+      tensors.push_back({item.key(), affine_dtype(t.scalar_type()), affine::Dims(t.sizes().vec())});
+      sources.push_back({nullptr, t});
+    }
+  }
+  const auto layout = checkpoint::plan_export(tensors, options.max_shard_bytes, {{"format", "pt"}});
+
+  // (1) Rank 0 creates the files.
+  std::string nonce, error;
+  if (rank == 0) {
+    nonce = affine::hex_digest(std::random_device{}() ^ uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()))
+                .substr(0, 12);
+    error = attempt([&] {
+      fs::create_directories(dir);
+      for (const auto& f : layout.files)
+        checkpoint::create_export_file((fs::path(dir) / temp_name(f.name, nonce)).string(), f, options.fill_for_testing);
+    });
+  }
+  const auto hello = all_gather_strings(comm, json{{"nonce", nonce}, {"error", error}}.dump());
+  auto remove_temps = [&] {
+    if (rank != 0) return;
+    std::error_code ignored;
+    for (const auto& f : layout.files) fs::remove(fs::path(dir) / temp_name(f.name, nonce), ignored);
+  };
+  {
+    std::vector<std::string> errors;
+    for (const auto& h : hello) errors.push_back(json::parse(h)["error"].get<std::string>());
+    if (auto e = first_error(errors); !e.empty()) {
+      remove_temps();
+      throw CheckpointError("save_16bit_model " + dir + ": " + e);
+    }
+  }
+  nonce = json::parse(hello[0])["nonce"].get<std::string>();
+
+  // (2) Every rank writes what it holds.
+  ModelExported result;
+  error = attempt([&] {
+    std::vector<std::vector<std::pair<const char*, checkpoint::ExportWrite>>> by_file(layout.files.size());
+    std::vector<at::Tensor> hosts;  // host copies of device buffers, alive until written
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const int file = layout.file_of[t];
+      if (!sources[t].stored) {  // frozen: rank 0 writes it whole
+        if (rank != 0) continue;
+        hosts.push_back(sources[t].frozen.cpu().contiguous());
+        by_file[size_t(file)].push_back({static_cast<const char*>(hosts.back().data_ptr()),
+                                         {file, layout.offset_of[t], 0, tensors[t].bytes()}});
+        continue;
+      }
+      const auto& m = *sources[t].stored;
+      auto buffer = storage.buffers.at(m.buffer);
+      if (!buffer.device().is_cpu()) hosts.push_back(buffer = buffer.cpu());
+      const auto* base = static_cast<const char*>(buffer.data_ptr());
+      for (const auto& w : checkpoint::export_writes(m.map, layout, file, layout.offset_of[t], rank, world))
+        by_file[size_t(file)].push_back({base, w});
+    }
+    for (size_t f = 0; f < layout.files.size(); ++f) {
+      if (by_file[f].empty()) continue;
+      checkpoint::PositionalWriter out((fs::path(dir) / temp_name(layout.files[f].name, nonce)).string());
+      for (const auto& [base, w] : by_file[f]) {
+        out.write_at(base + w.buffer_offset, w.bytes, w.file_offset);
+        result.bytes_written += w.bytes;
+      }
+      out.sync_and_close();
+    }
+  });
+  if (auto e = first_error(all_gather_strings(comm, error)); !e.empty()) {
+    remove_temps();
+    throw CheckpointError("save_16bit_model " + dir + ": " + e);
+  }
+
+  // (3) Rank 0 commits.
+  for (const auto& f : layout.files) result.files.push_back(f.name);
+  if (!layout.index_name.empty()) result.files.push_back(layout.index_name);
+  if (!options.config_json.empty()) result.files.push_back("config.json");
+  error = "";
+  if (rank == 0) {
+    error = attempt([&] {
+      for (const auto& f : layout.files) fs::rename(fs::path(dir) / temp_name(f.name, nonce), fs::path(dir) / f.name);
+      using io::detail::ByteSpan;
+      if (!layout.index_name.empty())
+        io::detail::write_file_atomically((fs::path(dir) / layout.index_name).string(),
+                                          {ByteSpan{layout.index_json.data(), layout.index_json.size()}});
+      if (!options.config_json.empty())
+        io::detail::write_file_atomically((fs::path(dir) / "config.json").string(),
+                                          {ByteSpan{options.config_json.data(), options.config_json.size()}});
+      remove_stale(dir, result.files);
+      checkpoint::fsync_path(dir);
+    });
+    if (!error.empty()) remove_temps();
+  }
+  agree(comm, dir, error);
+  return result;
+}
+
+}  // namespace tessera
