@@ -4,9 +4,12 @@
 // Steps, every rank: (1) rank 0 creates the files under hidden temporary names, sized, with their
 // headers; the ranks agree on the names and on any error. (2) Each rank pwrites its ranges and
 // syncs; the ranks agree. (3) Rank 0 renames the files into place, writes the index and
-// config.json atomically, removes shards of an earlier export the new one lacks, syncs DIR; the
-// ranks agree, so every rank returns (or raises the same error) once the export is complete.
-// A failure at any step removes the temporary files; a kill leaves at most hidden .partial files.
+// config.json atomically, syncs DIR; the ranks agree, so every rank returns (or raises the same
+// error) once the export is complete. Files of an earlier export are set aside under hidden names
+// first (set_aside_earlier_export) and removed in the background: shards the new export lacks
+// disappear, and freeing a replaced file's blocks does not delay the return.
+// A failure at any step removes the temporary files; a kill leaves at most hidden files, which the
+// next export into DIR removes.
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -37,6 +40,7 @@ struct ExportSource {
 };
 
 std::string temp_name(const std::string& file, const std::string& nonce) { return "." + file + ".partial-" + nonce; }
+std::string replaced_name(const std::string& file, const std::string& nonce) { return "." + file + ".replaced-" + nonce; }
 
 // Runs `work`, returning its error message ("" on success) so the ranks can agree on it.
 template <class Work>
@@ -60,13 +64,35 @@ bool is_export_file(const std::string& name) {
           name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0);
 }
 
-// Rank 0, after the renames: shards and index of an earlier export that this one does not have.
-void remove_stale(const std::string& dir, const std::vector<std::string>& kept) {
+// Hidden leftovers of exports: temporary files of one that was killed, replaced files not yet removed.
+bool is_export_leftover(const std::string& name) {
+  return name.rfind(".model", 0) == 0 &&
+         (name.find(".partial-") != std::string::npos || name.find(".replaced-") != std::string::npos);
+}
+
+// Rank 0, before the renames: every file of an earlier export gets a hidden second name (a new one
+// that replaces it keeps its blocks alive there; one the new export lacks is renamed to it), so
+// the commit frees no blocks and the hidden files are removed in the background. At every point
+// the directory holds the old file or the new one under each name.
+std::vector<fs::path> set_aside_earlier_export(const std::string& dir, const std::vector<std::string>& kept,
+                                               const std::string& nonce) {
   const std::set<std::string> keep(kept.begin(), kept.end());
+  std::vector<fs::path> aside;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const auto name = entry.path().filename().string();
-    if (is_export_file(name) && !keep.count(name)) fs::remove(entry.path());
+    if (!is_export_file(name) || !entry.is_regular_file()) continue;
+    const auto hidden = fs::path(dir) / replaced_name(name, nonce);
+    if (keep.count(name)) fs::create_hard_link(entry.path(), hidden);
+    else fs::rename(entry.path(), hidden);
+    aside.push_back(hidden);
   }
+  return aside;
+}
+
+void remove_leftovers(const std::string& dir) {
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator(dir, ignored))
+    if (is_export_leftover(entry.path().filename().string())) fs::remove(entry.path(), ignored);
 }
 
 }  // namespace
@@ -74,6 +100,7 @@ void remove_stale(const std::string& dir, const std::vector<std::string>& kept) 
 ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOptions& options) {
   auto& s = *impl_;
   s.rethrow_pending();
+  if (s.export_cleanup.valid()) s.export_cleanup.get();
   auto* comm = s.control_comm();
   const int rank = s.spec->rank, world = s.spec->world;
   const auto storage = storage_maps();
@@ -106,6 +133,7 @@ ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOp
                 .substr(0, 12);
     error = attempt([&] {
       fs::create_directories(dir);
+      remove_leftovers(dir);
       for (const auto& f : layout.files)
         checkpoint::create_export_file((fs::path(dir) / temp_name(f.name, nonce)).string(), f, options.fill_for_testing);
     });
@@ -167,8 +195,10 @@ ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOp
   if (!layout.index_name.empty()) result.files.push_back(layout.index_name);
   if (!options.config_json.empty()) result.files.push_back("config.json");
   error = "";
+  std::vector<fs::path> aside;
   if (rank == 0) {
     error = attempt([&] {
+      aside = set_aside_earlier_export(dir, result.files, nonce);
       for (const auto& f : layout.files) fs::rename(fs::path(dir) / temp_name(f.name, nonce), fs::path(dir) / f.name);
       using io::detail::ByteSpan;
       if (!layout.index_name.empty())
@@ -177,10 +207,13 @@ ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOp
       if (!options.config_json.empty())
         io::detail::write_file_atomically((fs::path(dir) / "config.json").string(),
                                           {ByteSpan{options.config_json.data(), options.config_json.size()}});
-      remove_stale(dir, result.files);
       checkpoint::fsync_path(dir);
     });
     if (!error.empty()) remove_temps();
+    else s.export_cleanup = std::async(std::launch::async, [aside] {
+      std::error_code ignored;
+      for (const auto& path : aside) fs::remove(path, ignored);
+    });
   }
   agree(comm, dir, error);
   return result;

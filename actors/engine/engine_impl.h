@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <exception>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,6 +65,9 @@ struct Engine::Impl {
   std::shared_ptr<transport::Communicator> control;
   transport::Communicator* control_comm();  // nullptr on one rank
   std::unique_ptr<CheckpointWriter> writer;  // asynchronous saves (made at the first)
+  // Rank 0: removes the files an export replaced (freeing a large file's blocks takes a while);
+  // the next export and the destruction wait for it.
+  std::future<void> export_cleanup;
   void refuse_in_inference(const char* what) const {
     if (inference)
       throw Error(std::string(what) + ": this is a ZeRO inference engine (initialize without an optimizer): it runs "

@@ -19,6 +19,8 @@
 // also above a baseline (the same executable inspecting that checkpoint): the bound is that tensor
 // plus one 4 MiB read buffer. --mib 256 --width 2896: 8 tensors of 32 MiB.
 // --rss-saves 100: instead, the resident set over 100 asynchronous saves (flat after the first).
+// --export: instead, Engine::save_16bit_model (each rank writing its share of model.safetensors)
+// against a raw write of as many bytes, per rank.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
@@ -166,6 +168,38 @@ void consolidate_rss(const std::string& tessera, const std::string& tag_dir, con
   }
 }
 
+// --export: Engine::save_16bit_model against a raw sequential write + fsync of as many bytes as this
+// rank's share (both ranks write at once in both). Medians of `repeats` rounds, alternating which
+// goes first; each export writes fresh files (renamed over the last).
+void export_throughput(tessera::Engine& engine, const std::string& root, int repeats, int rank, int world, int stage) {
+  const auto dir = root + "/export";
+  const auto first = engine.save_16bit_model(dir);
+  auto bytes = file_bytes_of(dir + "/" + first.files.front());  // the model's own bytes, not a pattern
+  bytes.resize(size_t(std::min<int64_t>(first.bytes_written, int64_t(bytes.size()))));
+  std::vector<double> export_s, raw_s;
+  for (int i = 0; i < repeats; ++i) {
+    const auto raw_path = root + "/raw_export_rank" + std::to_string(rank);
+    auto raw = [&] { raw_s.push_back(raw_write(raw_path, bytes)); };
+    auto save = [&] {
+      const auto t = Clock::now();
+      engine.save_16bit_model(dir);
+      export_s.push_back(since(t));
+    };
+    if (i % 2) raw(), save();
+    else save(), raw();
+    fs::remove(raw_path);
+  }
+  std::sort(export_s.begin(), export_s.end());
+  std::sort(raw_s.begin(), raw_s.end());
+  const double e = export_s[export_s.size() / 2], r = raw_s[raw_s.size() / 2];
+  const double mib = double(first.bytes_written) / (1 << 20);
+  std::printf("{\"bench\": \"checkpoint\", \"mode\": \"export_16bit\", \"rank\": %d, \"world\": %d, \"stage\": %d, "
+              "\"written_mib\": %.1f, \"files\": %zu, \"seconds\": %.4f, \"mib_per_s\": %.1f, \"raw_write_seconds\": %.4f, "
+              "\"ratio_to_raw\": %.3f, \"peak_rss_mib\": %.0f, \"commit\": \"%s\"}\n",
+              rank, world, stage, mib, first.files.size(), e, mib / e, r, r / e, tessera::bench::status_mib("VmHWM"),
+              tessera::bench::commit().c_str());
+}
+
 // Linear layers in a Sequential (ZeRO-3 sees each entry as a unit).
 torch::nn::Sequential mlp(int64_t width, int64_t layers) {
   torch::manual_seed(1);
@@ -193,6 +227,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "rounds (medians reported)");
   app.add_option("--dir", dir, "where checkpoints and the raw files go (a real disk)");
   app.add_option("--consolidate", consolidate_with, "path of the tessera executable: measure consolidation only");
+  bool export_only = false;
+  app.add_flag("--export", export_only, "instead: save_16bit_model against a raw write of this rank's share");
   int rss_saves = 0;
   app.add_option("--rss-saves", rss_saves, "instead: this many asynchronous saves, RSS after each (flat after the first)");
   CLI11_PARSE(app, argc, argv);
@@ -209,6 +245,11 @@ int main(int argc, char** argv) {
   std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s, blocked_s, async_total_s;
   int64_t file_bytes = 0;
   const std::string raw_path = root + "/raw_rank" + std::to_string(env.rank);
+  if (export_only) {
+    export_throughput(*engine, root, repeats, env.rank, env.world_size, stage);
+    if (env.rank == 0) fs::remove_all(root);
+    return 0;
+  }
   engine->save_checkpoint(root, {"bench"});  // a first save: the file's size and bytes for the raw baseline
   if (!consolidate_with.empty()) {
     if (env.rank == 0) {

@@ -82,9 +82,12 @@ std::vector<std::string> differing(const std::string& dir, const std::vector<std
   return out;
 }
 
-std::vector<std::string> listing(const std::string& dir) {
+// The directory's file names; without hidden ones unless `hidden` (an export removes the files it
+// replaced in the background, hidden meanwhile).
+std::vector<std::string> listing(const std::string& dir, bool hidden = false) {
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir))
+    if (hidden || e.path().filename().string()[0] != '.') names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -135,6 +138,8 @@ TEST_CASE("A re-export replaces the earlier one's files; frozen parameters are e
   tessera::io::WeightDirectory files(dir);
   CHECK_FALSE(files.contains("h.0.ln_1.weight"));
   CHECK(files.names().size() == oracle.size() - 1);
+  t.engine.reset();  // waits for rank 0's removal of the replaced files
+  if (kRank == 0) CHECK(listing(dir, true) == std::vector<std::string>{"model.safetensors"});
 }
 
 TEST_CASE("The export check fails on one flipped element (negative control)", "[export]") {
