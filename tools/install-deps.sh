@@ -14,7 +14,8 @@ packages=(
   libxxhash-dev                                   # checksums
   libssl-dev                                      # HMAC-SHA256 of the store's handshake
   libbenchmark-dev                                # bench harness
-  python3-torch                                   # the decoder logits oracle (tests/nn/reference_decoder.py)
+  python3-torch                                   # the decoder logits oracle; the Python binding's torch
+  python3-dev pybind11-dev                        # the Python binding (python/)
   iproute2                                        # ip netns: the two-node sync test (tests/rollout/two_node_sync.py)
   python3-matplotlib                              # the GRPO example's plot (examples/grpo/plot_grpo.py); optional at run time
 )

@@ -1,0 +1,177 @@
+// _tessera: the C++ engine for Python (python/tessera/ is the package users import). Tensors cross
+// without copies (LibTorch's own type casters: a torch.Tensor is an at::Tensor). tessera's errors
+// become Python exceptions of the same family (tessera.ConfigError, tessera.CheckpointError, ...)
+// carrying the C++ message; the calls that run autograd or collectives release the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/python.h>
+#include <torch/version.h>
+
+#include <optional>
+
+#include "actors/engine/engine.h"
+#include "core/config/load.h"
+#include "core/error.h"
+#include "python/src/module_tree.h"
+#include "transport/launch_env.h"
+
+namespace py = pybind11;
+
+namespace tessera::python {
+namespace {
+
+// An engine and the module tree that holds the Python parameters for it.
+struct PyEngine {
+  std::shared_ptr<torch::nn::Module> tree;
+  std::shared_ptr<Engine> engine;
+};
+
+// A context manager over an Engine::Scope (no_sync, forward, gathered parameters).
+class PyScope {
+ public:
+  explicit PyScope(std::function<Engine::Scope()> open) : open_(std::move(open)) {}
+  void enter() { scope_.emplace(open_()); }
+  void exit() {
+    if (scope_) scope_->close();
+    scope_.reset();
+  }
+
+ private:
+  std::function<Engine::Scope()> open_;
+  std::optional<Engine::Scope> scope_;
+};
+
+std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                                     const std::string& config_text, bool config_is_path,
+                                     const std::vector<std::vector<std::string>>& group_names,
+                                     const std::vector<std::map<std::string, double>>& group_options) {
+  auto config = config_is_path ? config::load_config(config_text)
+                               : config::load_config_text(config_text, config::Format::json, "the config dict");
+  const auto& stage = config.zero_optimization.stage;
+  if (!stage.is_auto && stage.value == 3)
+    throw ConfigError("initialize: ZeRO stage 3 is not available from Python yet (its per-module gathers need Python "
+                      "forward hooks); use stages 0-2, or the C++ API for stage 3");
+  InitializeOptions options;
+  for (size_t g = 0; g < group_names.size(); ++g) {
+    ParamGroup group;
+    group.names = group_names[g];
+    for (const auto& [key, value] : group_options[g]) {
+      if (key == "lr") group.lr = value;
+      else if (key == "weight_decay") group.weight_decay = value;
+      else if (key == "eps") group.eps = value;
+      else if (key == "beta1") group.beta1 = value;
+      else if (key == "beta2") group.beta2 = value;
+      else if (key == "momentum") group.momentum = value;
+      else throw ConfigError("initialize: model_parameters group " + std::to_string(g) + ": unknown option '" + key + "'");
+    }
+    options.param_groups.push_back(std::move(group));
+  }
+  auto out = std::make_shared<PyEngine>();
+  out->tree = module_tree(parameters);
+  py::gil_scoped_release release;  // initialize is collective
+  out->engine = tessera::initialize(out->tree, config, options).engine;
+  return out;
+}
+
+void register_errors(py::module_& m) {
+  // Base classes first: pybind11 tries the most recently registered translator first.
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  static py::exception<ConfigError> config_error(m, "ConfigError", error.ptr());
+  static py::exception<MapError> map_error(m, "MapError", error.ptr());
+  static py::exception<TransportError> transport_error(m, "TransportError", error.ptr());
+  static py::exception<TimeoutError> timeout_error(m, "TimeoutError", transport_error.ptr());
+  static py::exception<PeerLostError> peer_lost_error(m, "PeerLostError", transport_error.ptr());
+  static py::exception<CheckpointError> checkpoint_error(m, "CheckpointError", error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CheckpointError& e) {
+      checkpoint_error(e.what());
+    } catch (const PeerLostError& e) {
+      peer_lost_error(e.what());
+    } catch (const TimeoutError& e) {
+      timeout_error(e.what());
+    } catch (const TransportError& e) {
+      transport_error(e.what());
+    } catch (const MapError& e) {
+      map_error(e.what());
+    } catch (const ConfigError& e) {
+      config_error(e.what());
+    } catch (const Error& e) {
+      error(e.what());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace tessera::python
+
+PYBIND11_MODULE(_tessera, m) {
+  using namespace tessera;
+  using namespace tessera::python;
+  m.doc() = "tessera's C++ engine (import the tessera package, not this module)";
+  m.attr("torch_version") = TORCH_VERSION;  // the LibTorch this module was built against
+  register_errors(m);
+
+  py::class_<PyScope>(m, "Scope")
+      .def("__enter__", [](PyScope& s) { s.enter(); })
+      .def("__exit__", [](PyScope& s, py::object, py::object, py::object) { s.exit(); });
+
+  py::class_<PyEngine, std::shared_ptr<PyEngine>>(m, "Engine")
+      .def("backward", [](PyEngine& e, const at::Tensor& loss) {
+        py::gil_scoped_release release;
+        e.engine->backward(loss);
+      })
+      .def("step", [](PyEngine& e) {
+        py::gil_scoped_release release;
+        e.engine->step();
+      })
+      .def("zero_grad", [](PyEngine& e) { e.engine->zero_grad(); })
+      .def("forward_scope", [](PyEngine& e) { return PyScope([&e] { return e.engine->forward_scope(); }); })
+      .def("no_sync", [](PyEngine& e) { return PyScope([&e] { return e.engine->no_sync(); }); })
+      .def("is_gradient_accumulation_boundary", [](PyEngine& e) { return e.engine->is_gradient_accumulation_boundary(); })
+      .def("get_lr", [](PyEngine& e) { return e.engine->get_lrs(); })
+      .def("get_global_grad_norm", [](PyEngine& e) { return e.engine->last_grad_norm(); })
+      .def_property_readonly("global_steps", [](PyEngine& e) { return e.engine->global_steps(); })
+      .def_property_readonly("skipped_steps", [](PyEngine& e) { return e.engine->skipped_steps(); })
+      .def("loss_scale", [](PyEngine& e) { return e.engine->loss_scale(); })
+      .def("zero_optimization_stage", [](PyEngine& e) { return e.engine->config().zero_optimization.stage.value; })
+      .def("train", [](PyEngine& e) { e.engine->train(); })
+      .def("eval", [](PyEngine& e) { e.engine->eval(); })
+      .def_property_readonly("rank", [](PyEngine& e) { return e.engine->rank(); })
+      .def_property_readonly("world_size", [](PyEngine& e) { return e.engine->world_size(); })
+      .def("save_checkpoint",
+           [](PyEngine& e, const std::string& dir, const std::string& tag, const std::string& client_state, bool save_latest) {
+             CheckpointSaveOptions options;
+             options.tag = tag, options.client_state = client_state, options.save_latest = save_latest;
+             py::gil_scoped_release release;
+             return e.engine->save_checkpoint(dir, options);
+           })
+      .def("load_checkpoint",
+           [](PyEngine& e, const std::string& dir, const std::string& tag, bool optimizer_states, bool scheduler_states,
+              bool module_only) {
+             CheckpointLoadOptions options;
+             options.tag = tag, options.load_optimizer_states = optimizer_states;
+             options.load_lr_scheduler_states = scheduler_states, options.load_module_only = module_only;
+             py::gil_scoped_release release;
+             const auto loaded = e.engine->load_checkpoint(dir, options);
+             return std::make_pair(loaded.path, loaded.client_state);
+           })
+      .def("save_16bit_model",
+           [](PyEngine& e, const std::string& dir, bool exclude_frozen, int64_t max_shard_bytes) {
+             Save16BitOptions options;
+             options.exclude_frozen_parameters = exclude_frozen, options.max_shard_bytes = max_shard_bytes;
+             py::gil_scoped_release release;
+             return e.engine->save_16bit_model(dir, options).files;
+           })
+      .def("wait_for_checkpoint", [](PyEngine& e) {
+        py::gil_scoped_release release;
+        e.engine->wait_for_checkpoint();
+      });
+
+  m.def("initialize", &initialize_engine, py::arg("parameters"), py::arg("config"), py::arg("config_is_path"),
+        py::arg("group_names"), py::arg("group_options"));
+  m.def("launch_rank", [] { return transport::LaunchEnv::from_env().rank; });
+  m.def("launch_world_size", [] { return transport::LaunchEnv::from_env().world_size; });
+  m.attr("default_max_shard_bytes") = checkpoint::kDefaultMaxShardBytes;
+}

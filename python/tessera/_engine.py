@@ -1,0 +1,166 @@
+"""tessera.initialize and the engine it returns, in DeepSpeed's shape (deepspeed.initialize, DeepSpeedEngine)."""
+import json
+import os
+
+import torch
+
+from . import _tessera
+
+
+def _named_parameters(model):
+    """The module's parameters in named_parameters() order, each tensor once (tied weights under the first name)."""
+    return [(name, p) for name, p in model.named_parameters()]
+
+
+def _groups(model, model_parameters):
+    """DeepSpeed's model_parameters (None, an iterable of tensors, or of dicts with "params") as names and options."""
+    if model_parameters is None:
+        return [], []
+    names_of = {id(p): name for name, p in model.named_parameters()}
+    items = list(model_parameters)  # a generator is fine: read once
+    if not items:
+        raise _tessera.ConfigError("initialize: model_parameters is empty")
+    if not isinstance(items[0], dict):
+        items = [{"params": items}]
+    group_names, group_options = [], []
+    for g, group in enumerate(items):
+        if not isinstance(group, dict) or "params" not in group:
+            raise _tessera.ConfigError(f"initialize: model_parameters[{g}] must be a tensor or a dict with 'params'")
+        names = []
+        for p in group["params"]:
+            if not isinstance(p, torch.Tensor) or id(p) not in names_of:
+                raise _tessera.ConfigError(f"initialize: model_parameters group {g} holds a tensor that is not a "
+                                           f"parameter of the model")
+            if not p.is_leaf:
+                raise _tessera.ConfigError(f"initialize: model_parameters group {g}: '{names_of[id(p)]}' is not a leaf")
+            names.append(names_of[id(p)])
+        options = {}
+        for key, value in group.items():
+            if key == "params":
+                continue
+            if key == "betas":
+                options["beta1"], options["beta2"] = float(value[0]), float(value[1])
+            elif key in ("lr", "weight_decay", "eps", "momentum"):
+                options[key] = float(value)
+            else:
+                raise _tessera.ConfigError(f"initialize: model_parameters group {g}: option '{key}' is not supported")
+        group_names.append(names)
+        group_options.append(options)
+    return group_names, group_options
+
+
+def _config(args, config, config_params):
+    config = config if config is not None else config_params
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None)
+    if config is None:
+        raise _tessera.ConfigError("initialize: no config (pass config= a dict or the path of a JSON/TOML file)")
+    if isinstance(config, (str, os.PathLike)):
+        return os.fspath(config), True
+    if isinstance(config, dict):
+        return json.dumps(config), False
+    raise _tessera.ConfigError(f"initialize: config must be a dict or a path, not {type(config).__name__}")
+
+
+class TesseraEngine:
+    """DeepSpeedEngine's calls on tessera's C++ engine. `module` is the user's module (its parameters are the
+    engine's weights)."""
+
+    def __init__(self, module, engine):
+        self.module = module
+        self._engine = engine
+
+    def __call__(self, *args, **kwargs):
+        with self._engine.forward_scope():
+            return self.module(*args, **kwargs)
+
+    forward = __call__
+
+    def backward(self, loss):
+        if not isinstance(loss, torch.Tensor):
+            raise _tessera.Error(f"backward: the loss must be a tensor, not {type(loss).__name__}")
+        self._engine.backward(loss)
+        return loss
+
+    def step(self, lr_kwargs=None):
+        self._engine.step()
+
+    def zero_grad(self):
+        self._engine.zero_grad()
+
+    def no_sync(self):
+        return self._engine.no_sync()
+
+    def is_gradient_accumulation_boundary(self):
+        return self._engine.is_gradient_accumulation_boundary()
+
+    def get_lr(self):
+        return self._engine.get_lr()
+
+    def get_global_grad_norm(self):
+        norm = self._engine.get_global_grad_norm()
+        return None if norm < 0 else norm
+
+    @property
+    def global_steps(self):
+        return self._engine.global_steps
+
+    @property
+    def skipped_steps(self):
+        return self._engine.skipped_steps
+
+    def zero_optimization_stage(self):
+        return self._engine.zero_optimization_stage()
+
+    def train(self, mode=True):
+        self.module.train(mode)
+        (self._engine.train if mode else self._engine.eval)()
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        self._engine.save_checkpoint(os.fspath(save_dir), "" if tag is None else str(tag),
+                                     json.dumps(client_state or {}), save_latest)
+        return True
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False):
+        """Returns (load_path, client_state) as DeepSpeed does."""
+        path, client_state = self._engine.load_checkpoint(os.fspath(load_dir), "" if tag is None else str(tag),
+                                                          load_optimizer_states, load_lr_scheduler_states,
+                                                          load_module_only)
+        return path, json.loads(client_state)
+
+    def save_16bit_model(self, save_dir, save_filename="model.safetensors", exclude_frozen_parameters=False,
+                         max_shard_bytes=None):
+        if save_filename != "model.safetensors":
+            raise _tessera.CheckpointError(f"save_16bit_model: tessera writes Hugging Face's model.safetensors (sharded "
+                                           f"with an index above max_shard_bytes), not '{save_filename}'")
+        limit = _tessera.default_max_shard_bytes if max_shard_bytes is None else int(max_shard_bytes)
+        self._engine.save_16bit_model(os.fspath(save_dir), exclude_frozen_parameters, limit)
+        return True
+
+    def wait_for_checkpoint(self):
+        self._engine.wait_for_checkpoint()
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
+               mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None):
+    """deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler). Collective: every rank
+    calls it. The optimizer comes from the config's `optimizer` section."""
+    if not isinstance(model, torch.nn.Module):
+        raise _tessera.ConfigError("initialize: model must be a torch.nn.Module")
+    for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("training_data", training_data),
+                        ("mpu", mpu)):
+        if value is not None:
+            raise _tessera.ConfigError(f"initialize: {name}= is not supported from Python yet (give the optimizer and "
+                                       f"scheduler in the config)")
+    text, is_path = _config(args, config, config_params)
+    group_names, group_options = _groups(model, model_parameters)
+    engine = TesseraEngine(model, _tessera.initialize(_named_parameters(model), text, is_path, group_names, group_options))
+    if engine.zero_optimization_stage() == 3:
+        raise _tessera.ConfigError("initialize: ZeRO stage 3 is not available from Python yet (its per-module gathers "
+                                   "need Python forward hooks); use stages 0-2 or the C++ API")
+    return engine, None, None, None
