@@ -2,12 +2,20 @@
 // the rank files) into this engine's maps, whatever the layout either was saved or is run at; reads
 // only the chunks of each file the plans touch (positional reads), verifies each against its hash,
 // agrees with every rank that all is well, and only then writes the engine's buffers and counters.
+// A DeepSpeed ZeRO checkpoint (DIR/latest naming a tag with DeepSpeed's model-states file, no
+// manifest) is first imported (core/checkpoint/deepspeed/import.h) by rank 0 into a temporary
+// tessera checkpoint under the system's temp directory, whose path every rank receives; a rank that
+// cannot see it (another node without that directory) imports its own copy. That checkpoint is
+// loaded as any other and removed afterwards.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <filesystem>
+#include <random>
 #include <set>
 
 #include "actors/ask.h"
@@ -16,6 +24,8 @@
 #include "core/affine/local_executor.h"
 #include "core/affine/planner.h"
 #include "core/checkpoint/checkpoint_dir.h"
+#include "core/checkpoint/deepspeed/ds_checkpoint.h"
+#include "core/checkpoint/deepspeed/import.h"
 #include "core/checkpoint/manifest.h"
 #include "core/io/detail/posix_file.h"
 #include "core/io/huge_page_buffer.h"
@@ -207,10 +217,67 @@ void execute(const LoadPlan& plan, const EngineStorage& storage, int rank) {
   affine::execute_local(batch);
 }
 
+// A temporary tessera checkpoint imported from a DeepSpeed one; removed with this object.
+class ImportedDeepSpeed {
+ public:
+  ImportedDeepSpeed(transport::Communicator* comm, int rank, const std::string& dir, const std::string& tag) {
+    std::string error;
+    if (rank == 0) error = import_into(unique_dir(), dir, tag);
+    const auto paths = all_gather_strings(comm, nlohmann::json{{"root", root_}, {"error", error}}.dump());
+    const auto first = nlohmann::json::parse(paths[0]);
+    std::vector<std::string> errors{first["error"].get<std::string>()};
+    if (auto e = first_error(errors); !e.empty()) throw CheckpointError("load_checkpoint " + dir + ": import of the DeepSpeed checkpoint failed: " + e);
+    const std::string shared = first["root"].get<std::string>();
+    if (rank != 0 && !fs::is_directory(shared)) {
+      if (auto e = import_into(unique_dir(), dir, tag); !e.empty()) throw CheckpointError("load_checkpoint " + dir + ": " + e);
+    } else {
+      root_ = rank == 0 ? root_ : shared;
+      owner_ = rank == 0;
+    }
+  }
+  ~ImportedDeepSpeed() {
+    std::error_code ec;
+    if (owner_) fs::remove_all(root_, ec);
+  }
+  const std::string& root() const { return root_; }
+  const std::string& tag() const { return tag_; }
+
+ private:
+  static std::string unique_dir() {
+    std::random_device device;
+    return (fs::temp_directory_path() / ("tessera_ds_import_" + std::to_string(::getpid()) + "_" +
+                                         std::to_string(uint64_t(device()) << 32 | device())))
+        .string();
+  }
+  std::string import_into(const std::string& root, const std::string& dir, const std::string& tag) {
+    try {
+      checkpoint::deepspeed::ImportOptions options;
+      options.tag = tag;
+      tag_ = checkpoint::deepspeed::import_deepspeed(dir, root, options).tag;
+      root_ = root, owner_ = true;
+      return "";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+  std::string root_, tag_;
+  bool owner_ = false;
+};
+
 }  // namespace
 
 CheckpointLoaded Engine::load_checkpoint(const std::string& dir, const CheckpointLoadOptions& options) {
   auto& s = *impl_;
+  if (checkpoint::deepspeed::is_deepspeed_checkpoint(dir, options.tag)) {
+    s.rethrow_pending();
+    wait_for_checkpoint();
+    const ImportedDeepSpeed imported(s.control_comm(), s.spec->rank, dir, options.tag);
+    auto inner = options;
+    inner.tag = checkpoint::read_latest(imported.root());
+    auto loaded = load_checkpoint(imported.root(), inner);  // every rank has read what it needs on return
+    loaded.path = (fs::path(dir) / loaded.tag).string();
+    return loaded;
+  }
   s.rethrow_pending();
   wait_for_checkpoint();  // an asynchronous save in flight commits first (or raises here)
   for (const auto& g : s.groups)

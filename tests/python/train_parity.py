@@ -2,7 +2,8 @@
 """A DeepSpeed-style Python training loop on tessera (only the import differs) against a single-process PyTorch
 oracle, bit for bit: 2 ranks (under tools/tessera-launch), ZeRO stages 0, 1 and 2, fp32, 30 steps of AdamW on an
 MLP. The oracle differentiates every rank's loss in this process, averages the gradients as the engine reduces
-them ((g_0 + g_1) / 2) and steps torch.optim.AdamW. Also: the user's parameters are views of one flat buffer
+them ((g_0 + g_1) / 2) and steps torch.optim.AdamW. A stage-2 run saved after 15 steps and resumed at stage 1
+from Python reaches the same weights; its save_16bit_model file holds the weights read by a plain reader. Also: the user's parameters are views of one flat buffer
 after initialize (rewired in place, not copied), a perturbed oracle differs (negative control), and bad input
 raises tessera's exception classes with the C++ message.
 Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 train_parity.py"""
@@ -78,6 +79,37 @@ for stage in (0, 1, 2):
     got = [p.detach() for p in model.parameters()]
     for i, (g, e) in enumerate(zip(got, expected)):
         expect(torch.equal(g, e), f"stage {stage}: parameter {i} differs from the oracle by {(g - e).abs().max().item()}")
+
+# Checkpoints from Python: stage 2 saves after 15 steps, a new engine at stage 1 loads and trains 15 more: the
+# oracle's 30-step weights, bit for bit; client_state comes back; save_16bit_model's file holds the weights.
+import json, os, shutil, struct, tempfile  # noqa: E402
+
+work = os.path.join(tempfile.gettempdir(), f"tessera_python_parity_{os.environ.get('TESSERA_JOB', 'solo')}")
+if rank == 0:
+    shutil.rmtree(work, ignore_errors=True)
+model = model_of()
+engine, _, _, _ = tessera.initialize(model=model, config=config(2))
+for step in range(15):
+    engine.backward(loss_of(engine, step, rank))
+    engine.step()
+engine.save_checkpoint(os.path.join(work, "ckpt"), client_state={"epoch": 3})
+engine.save_16bit_model(os.path.join(work, "export"))
+with open(os.path.join(work, "export", "model.safetensors"), "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header, data = json.loads(f.read(n)), f.read()
+for name, p in model.named_parameters():
+    begin, end = header[name]["data_offsets"]
+    exported = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32).reshape(p.shape)
+    expect(torch.equal(exported, p.detach()), f"save_16bit_model: '{name}' differs from the weights")
+resumed = model_of()
+engine, _, _, _ = tessera.initialize(model=resumed, config=config(1))
+path, client_state = engine.load_checkpoint(os.path.join(work, "ckpt"))
+expect(client_state == {"epoch": 3} and engine.global_steps == 15, f"load_checkpoint gave {client_state}, step {engine.global_steps}")
+for step in range(15, STEPS):
+    engine.backward(loss_of(engine, step, rank))
+    engine.step()
+for i, (g, e) in enumerate(zip(resumed.parameters(), expected)):
+    expect(torch.equal(g.detach(), e), f"resumed at stage 1: parameter {i} differs from the oracle")
 
 # Negative control: an oracle with another lr must not match.
 perturbed = oracle(lr=LR * 1.0001)

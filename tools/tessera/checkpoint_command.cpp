@@ -1,13 +1,15 @@
-// `tessera checkpoint inspect|verify DIR` and `consolidate DIR OUT`: a checkpoint without an engine
-// (core/checkpoint/verify.h, consolidate.h).
+// `tessera checkpoint inspect|verify DIR`, `consolidate DIR OUT` and `import DS_DIR OUT`: a checkpoint
+// without an engine (core/checkpoint/verify.h, consolidate.h, deepspeed/import.h).
 #include <CLI/CLI.hpp>
 
+#include <array>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/consolidate.h"
+#include "core/checkpoint/deepspeed/import.h"
 #include "core/checkpoint/verify.h"
 #include "core/error.h"
 #include "tools/tessera/commands.h"
@@ -72,10 +74,28 @@ void add_consolidate(CLI::App& checkpoint) {
   c->callback([args] { run_consolidate(*args); });
 }
 
+// import: a DeepSpeed ZeRO checkpoint (no Python) as a new tessera checkpoint root.
+void add_import(CLI::App& checkpoint) {
+  auto args = std::make_shared<std::array<std::string, 3>>();  // DS_DIR, OUT, tag
+  auto* c = checkpoint.add_subcommand(
+      "import", "A DeepSpeed ZeRO-1/2/3 checkpoint (latest, global_stepN/*.pt) as a tessera checkpoint root OUT");
+  c->add_option("DS_DIR", (*args)[0], "the DeepSpeed checkpoint directory (holding `latest`)")->required();
+  c->add_option("OUT", (*args)[1], "the output directory (must not exist, or be empty)")->required();
+  c->add_option("--tag", (*args)[2], "DeepSpeed's tag under DS_DIR (default: the one DS_DIR/latest names)");
+  c->callback([args] {
+    ck::deepspeed::ImportOptions options;
+    options.tag = (*args)[2];
+    const auto r = ck::deepspeed::import_deepspeed((*args)[0], (*args)[1], options);
+    std::cout << r.source_dir << ": ZeRO-" << r.stage << ", " << r.world << " ranks, " << r.dtype << ", " << r.parameters
+              << " parameters (" << r.elements << " elements) -> " << (fs::path(r.out_dir) / r.tag).string() << " ("
+              << r.bytes_written << " bytes)\n";
+  });
+}
+
 }  // namespace
 
 void add_checkpoint_commands(CLI::App& app) {
-  auto* checkpoint = app.add_subcommand("checkpoint", "Inspect, verify and consolidate checkpoints (no engine, no ranks)");
+  auto* checkpoint = app.add_subcommand("checkpoint", "Inspect, verify, consolidate and import checkpoints (no engine, no ranks)");
   checkpoint->require_subcommand(1);
   auto dir = std::make_shared<std::string>();
   auto* inspect = checkpoint->add_subcommand("inspect", "Layout, steps, tensors and what each rank file holds");
@@ -86,6 +106,7 @@ void add_checkpoint_commands(CLI::App& app) {
   verify->add_option("DIR", *verify_dir, "a checkpoint root (every tag) or one tag's directory")->required();
   verify->callback([verify_dir] { run_verify(*verify_dir); });
   add_consolidate(*checkpoint);
+  add_import(*checkpoint);
 }
 
 }  // namespace tessera::cli
