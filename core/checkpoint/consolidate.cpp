@@ -14,6 +14,7 @@
 #include "core/checkpoint/saved_tensor_reader.h"
 #include "core/checkpoint/tensor_file_writer.h"
 #include "core/checkpoint/verify.h"
+#include "core/checkpoint/staged_directory.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -64,46 +65,6 @@ std::vector<Item> plan_items(const Manifest& m, const std::string& kind, const S
   return items;
 }
 
-// OUT, written as a hidden sibling first and renamed into place by commit(); removed otherwise.
-class OutputDirectory {
- public:
-  explicit OutputDirectory(const std::string& out) : out_(fs::path(out).lexically_normal()) {
-    if (out_.filename().empty()) out_ = out_.parent_path();  // "out/" names "out"
-    std::error_code ec;
-    if (fs::exists(out_, ec)) {
-      if (!fs::is_directory(out_) || !fs::is_empty(out_))
-        throw CheckpointError(out_.string() + ": exists and is not an empty directory; consolidate writes a new one");
-      replace_empty_ = true;
-    }
-    const auto parent = out_.has_parent_path() ? out_.parent_path() : fs::path(".");
-    fs::create_directories(parent, ec);
-    partial_ = parent / ("." + out_.filename().string() + ".partial-" + std::to_string(::getpid()));
-    fs::remove_all(partial_, ec);  // a leftover of a killed run of this pid's predecessor
-    if (!fs::create_directory(partial_, ec))
-      throw CheckpointError(partial_.string() + ": cannot be created: " + (ec ? ec.message() : "exists"));
-  }
-  ~OutputDirectory() {
-    std::error_code ec;
-    if (!committed_) fs::remove_all(partial_, ec);
-  }
-  std::string path_of(const std::string& file) const { return (partial_ / file).string(); }
-  std::string out() const { return out_.string(); }
-  void commit() {
-    fsync_path(partial_.string());
-    // An empty OUT is replaced by rename(2) itself; otherwise OUT must still be absent.
-    const int renamed = replace_empty_ ? ::rename(partial_.c_str(), out_.c_str())
-                                       : ::renameat2(AT_FDCWD, partial_.c_str(), AT_FDCWD, out_.c_str(), RENAME_NOREPLACE);
-    if (renamed != 0)
-      throw CheckpointError(out_.string() + ": cannot be put in place (rename): " + std::strerror(errno));
-    committed_ = true;
-    fsync_path(out_.has_parent_path() ? out_.parent_path().string() : ".");
-  }
-
- private:
-  fs::path out_, partial_;
-  bool replace_empty_ = false, committed_ = false;
-};
-
 std::unique_ptr<TensorFileWriter> open_writer(ConsolidateFormat format, const std::string& path,
                                               const std::vector<OutputTensor>& tensors) {
   if (format == ConsolidateFormat::safetensors) return safetensors_writer(path, tensors, {{"format", "pt"}});
@@ -140,7 +101,7 @@ ConsolidateReport consolidate(const std::string& dir, const std::string& out, co
   const std::string stem = st ? "model" : "pytorch_model", ext = st ? "safetensors" : "bin";
   const auto shards = plan_shards(sizes, options.max_shard_bytes, stem, ext);
 
-  OutputDirectory output(out);
+  StagedDirectory output(out, "consolidate");
   report.out_dir = output.out();
   // The one tensor buffer, reused: pages are touched as the largest tensor needs them.
   std::unique_ptr<char[]> buffer(new char[size_t(std::max<int64_t>(report.largest_tensor_bytes, 1))]);
