@@ -12,6 +12,7 @@
 #include "actors/engine/engine.h"
 #include "core/config/load.h"
 #include "core/error.h"
+#include "core/zero/unit_hooks.h"
 #include "python/src/module_tree.h"
 #include "transport/launch_env.h"
 
@@ -24,14 +25,24 @@ namespace {
 struct PyEngine {
   std::shared_ptr<torch::nn::Module> tree;
   std::shared_ptr<Engine> engine;
+  std::map<std::string, const torch::nn::Module*> modules;  // the tree's modules by dotted prefix ("" the root)
+};
+
+// One forward of a ZeRO-3 unit, from its Python module's pre-hook to its post-hook (zero::UnitCall).
+struct PyUnitCall {
+  std::unique_ptr<zero::UnitCall> call;
 };
 
 // A context manager over an Engine::Scope (no_sync, forward, gathered parameters).
 class PyScope {
  public:
   explicit PyScope(std::function<Engine::Scope()> open) : open_(std::move(open)) {}
-  void enter() { scope_.emplace(open_()); }
+  void enter() {
+    py::gil_scoped_release release;  // a scope may be collective (gathered parameters)
+    scope_.emplace(open_());
+  }
   void exit() {
+    py::gil_scoped_release release;
     if (scope_) scope_->close();
     scope_.reset();
   }
@@ -47,10 +58,6 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
                                      const std::vector<std::map<std::string, double>>& group_options) {
   auto config = config_is_path ? config::load_config(config_text)
                                : config::load_config_text(config_text, config::Format::json, "the config dict");
-  const auto& stage = config.zero_optimization.stage;
-  if (!stage.is_auto && stage.value == 3)
-    throw ConfigError("initialize: ZeRO stage 3 is not available from Python yet (its per-module gathers need Python "
-                      "forward hooks); use stages 0-2, or the C++ API for stage 3");
   InitializeOptions options;
   for (size_t g = 0; g < group_names.size(); ++g) {
     ParamGroup group;
@@ -70,6 +77,7 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
   out->tree = module_tree(parameters);
   py::gil_scoped_release release;  // initialize is collective
   out->engine = tessera::initialize(out->tree, config, options).engine;
+  for (const auto& item : out->tree->named_modules()) out->modules[item.key()] = item.value().get();
   return out;
 }
 
@@ -117,7 +125,30 @@ PYBIND11_MODULE(_tessera, m) {
       .def("__enter__", [](PyScope& s) { s.enter(); })
       .def("__exit__", [](PyScope& s, py::object, py::object, py::object) { s.exit(); });
 
+  py::class_<PyUnitCall>(m, "UnitCall")
+      .def("finish", [](PyUnitCall& c, const std::vector<at::Tensor>& outputs, bool unknown_outputs) {
+        if (c.call) c.call->finish(outputs, unknown_outputs);
+        c.call.reset();
+      });
+
   py::class_<PyEngine, std::shared_ptr<PyEngine>>(m, "Engine")
+      // ZeRO-3: the prefixes of the tree's modules that are units, and one forward of one.
+      .def("unit_prefixes", [](PyEngine& e) {
+        std::vector<std::string> out;
+        for (const auto& [prefix, module] : e.modules)
+          if (zero::is_unit(module)) out.push_back(prefix);
+        return out;
+      })
+      .def("unit_begin", [](PyEngine& e, const std::string& prefix) {
+        const auto* module = e.modules.at(prefix);
+        auto call = std::make_unique<PyUnitCall>();
+        py::gil_scoped_release release;  // waits for the gather
+        call->call = std::make_unique<zero::UnitCall>(module);
+        return call;
+      })
+      .def("gathered_parameters", [](std::shared_ptr<PyEngine> e, const std::vector<std::string>& names, int modifier_rank) {
+        return PyScope([e, names, modifier_rank] { return e->engine->gathered_parameters(names, modifier_rank); });
+      })
       .def("backward", [](PyEngine& e, const at::Tensor& loss) {
         py::gil_scoped_release release;
         e.engine->backward(loss);
@@ -127,8 +158,8 @@ PYBIND11_MODULE(_tessera, m) {
         e.engine->step();
       })
       .def("zero_grad", [](PyEngine& e) { e.engine->zero_grad(); })
-      .def("forward_scope", [](PyEngine& e) { return PyScope([&e] { return e.engine->forward_scope(); }); })
-      .def("no_sync", [](PyEngine& e) { return PyScope([&e] { return e.engine->no_sync(); }); })
+      .def("forward_scope", [](std::shared_ptr<PyEngine> e) { return PyScope([e] { return e->engine->forward_scope(); }); })
+      .def("no_sync", [](std::shared_ptr<PyEngine> e) { return PyScope([e] { return e->engine->no_sync(); }); })
       .def("is_gradient_accumulation_boundary", [](PyEngine& e) { return e.engine->is_gradient_accumulation_boundary(); })
       .def("get_lr", [](PyEngine& e) { return e.engine->get_lrs(); })
       .def("get_global_grad_norm", [](PyEngine& e) { return e.engine->last_grad_norm(); })

@@ -3,11 +3,13 @@
 #include <torch/nn/module.h>
 
 #include "core/error.h"
+#include "core/zero/unit_hooks.h"
 
 namespace tessera::python {
 
 std::shared_ptr<torch::nn::Module> module_tree(const std::vector<std::pair<std::string, at::Tensor>>& parameters) {
   auto root = std::make_shared<torch::nn::Module>("PythonModule");
+  zero::note_held(root);
   for (const auto& [name, tensor] : parameters) {
     std::vector<std::string> parts;
     for (size_t begin = 0;;) {
@@ -22,7 +24,10 @@ std::shared_ptr<torch::nn::Module> module_tree(const std::vector<std::pair<std::
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       const auto children = module->named_children();
       if (const auto* child = children.find(parts[i])) module = *child;
-      else module = module->register_module(parts[i], std::make_shared<torch::nn::Module>(parts[i]));
+      else {
+        module = module->register_module(parts[i], std::make_shared<torch::nn::Module>(parts[i]));
+        zero::note_held(module);  // the Python module's forward hooks call it (a ZeRO-3 unit)
+      }
     }
     if (module->named_parameters(/*recurse=*/false).contains(parts.back()))
       throw ConfigError("initialize: parameter '" + name + "' is given twice");

@@ -3,6 +3,9 @@
 // dotted prefix. The engine's set_data() then rewires the Python parameters in place: after
 // initialize, the user's model.parameters() are views of the engine's flat buffers.
 //
+// Every module of the tree is noted as held (core/zero/unit_hooks.h): at ZeRO-3 the Python
+// module's forward hooks make the calls a C++ unit holder makes (python/tessera/_zero3.py).
+//
 // Example: [("0.weight", w), ("0.bias", b), ("2.weight", v)] -> a root with children "0" (weight,
 // bias) and "2" (weight); named_parameters() gives the same names in the same order.
 #pragma once

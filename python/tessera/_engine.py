@@ -5,6 +5,7 @@ import os
 import torch
 
 from . import _tessera
+from ._zero3 import install_unit_hooks
 
 
 def _named_parameters(model):
@@ -145,6 +146,20 @@ class TesseraEngine:
     def wait_for_checkpoint(self):
         self._engine.wait_for_checkpoint()
 
+    def gathered_parameters(self, params=None, modifier_rank=None):
+        """The parameters (all when None) whole on every rank until the scope ends; with modifier_rank, that rank's
+        changes are written back (DeepSpeed's zero.GatheredParameters). Collective."""
+        names = []
+        if params is not None:
+            if isinstance(params, torch.Tensor):
+                params = [params]
+            by_id = {id(p): n for n, p in self.module.named_parameters()}
+            for p in params:
+                if id(p) not in by_id:
+                    raise _tessera.ConfigError("gathered_parameters: a tensor that is not a parameter of the model")
+                names.append(by_id[id(p)])
+        return self._engine.gathered_parameters(names, -1 if modifier_rank is None else int(modifier_rank))
+
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None):
@@ -161,6 +176,5 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     group_names, group_options = _groups(model, model_parameters)
     engine = TesseraEngine(model, _tessera.initialize(_named_parameters(model), text, is_path, group_names, group_options))
     if engine.zero_optimization_stage() == 3:
-        raise _tessera.ConfigError("initialize: ZeRO stage 3 is not available from Python yet (its per-module gathers "
-                                   "need Python forward hooks); use stages 0-2 or the C++ API")
+        engine._hooks = install_unit_hooks(model, engine._engine)
     return engine, None, None, None

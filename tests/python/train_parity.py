@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A DeepSpeed-style Python training loop on tessera (only the import differs) against a single-process PyTorch
-oracle, bit for bit: 2 ranks (under tools/tessera-launch), ZeRO stages 0, 1 and 2, fp32, 30 steps of AdamW on an
+oracle, bit for bit: 2 ranks (under tools/tessera-launch), ZeRO stages 0-3 (stage 3 through Python forward hooks), fp32, 30 steps of AdamW on an
 MLP. The oracle differentiates every rank's loss in this process, averages the gradients as the engine reduces
-them ((g_0 + g_1) / 2) and steps torch.optim.AdamW. A stage-2 run saved after 15 steps and resumed at stage 1
+them ((g_0 + g_1) / 2) and steps torch.optim.AdamW. A stage-3 run saved after 15 steps and resumed at stage 1
 from Python reaches the same weights; its save_16bit_model file holds the weights read by a plain reader. Also: the user's parameters are views of one flat buffer
 after initialize (rewired in place, not copied), a perturbed oracle differs (negative control), and bad input
 raises tessera's exception classes with the C++ message.
@@ -55,7 +55,8 @@ def config(stage):
     return {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
             "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
                                                       "weight_decay": DECAY}},
-            "zero_optimization": {"stage": stage, "reduce_bucket_size": 2000},
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": 2000,
+                                  "stage3_param_persistence_threshold": 100},
             "tessera": {"transport": {"collective_timeout_ms": 60000}}}
 
 
@@ -66,21 +67,25 @@ def expect(cond, what):
 
 
 expected = oracle()
-for stage in (0, 1, 2):
+for stage in (0, 1, 2, 3):
     model = model_of()
     engine, _, _, _ = tessera.initialize(model=model, model_parameters=model.parameters(), config=config(stage))
-    storages = {p.storage().data_ptr() for p in model.parameters()}
-    expect(len(storages) == 1, f"stage {stage}: the parameters are not views of one flat buffer ({len(storages)} storages)")
+    if stage < 3:  # at stage 3 the parameters are released between uses
+        storages = {p.storage().data_ptr() for p in model.parameters()}
+        expect(len(storages) == 1, f"stage {stage}: the parameters are not views of one flat buffer ({len(storages)} storages)")
+    else:
+        expect(model[0].weight.storage().data_ptr() == 0, "stage 3: a unit's weight holds memory outside its forward")
     for step in range(STEPS):
         loss = loss_of(engine, step, rank)
         engine.backward(loss)
         engine.step()
     expect(engine.global_steps == STEPS, f"stage {stage}: global_steps {engine.global_steps}")
-    got = [p.detach() for p in model.parameters()]
+    with engine.gathered_parameters():  # whole on every rank (stage 3); a no-op at stages 0-2
+        got = [p.detach().clone() for p in model.parameters()]
     for i, (g, e) in enumerate(zip(got, expected)):
         expect(torch.equal(g, e), f"stage {stage}: parameter {i} differs from the oracle by {(g - e).abs().max().item()}")
 
-# Checkpoints from Python: stage 2 saves after 15 steps, a new engine at stage 1 loads and trains 15 more: the
+# Checkpoints from Python: stage 3 saves after 15 steps, a new engine at stage 1 loads and trains 15 more: the
 # oracle's 30-step weights, bit for bit; client_state comes back; save_16bit_model's file holds the weights.
 import json, os, shutil, struct, tempfile  # noqa: E402
 
@@ -88,7 +93,7 @@ work = os.path.join(tempfile.gettempdir(), f"tessera_python_parity_{os.environ.g
 if rank == 0:
     shutil.rmtree(work, ignore_errors=True)
 model = model_of()
-engine, _, _, _ = tessera.initialize(model=model, config=config(2))
+engine, _, _, _ = tessera.initialize(model=model, config=config(3))
 for step in range(15):
     engine.backward(loss_of(engine, step, rank))
     engine.step()
@@ -97,10 +102,18 @@ engine.save_16bit_model(os.path.join(work, "export"))
 with open(os.path.join(work, "export", "model.safetensors"), "rb") as f:
     (n,) = struct.unpack("<Q", f.read(8))
     header, data = json.loads(f.read(n)), f.read()
-for name, p in model.named_parameters():
-    begin, end = header[name]["data_offsets"]
-    exported = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32).reshape(p.shape)
-    expect(torch.equal(exported, p.detach()), f"save_16bit_model: '{name}' differs from the weights")
+with engine.gathered_parameters():
+    for name, p in model.named_parameters():
+        begin, end = header[name]["data_offsets"]
+        exported = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32).reshape(p.shape)
+        expect(torch.equal(exported, p.detach()), f"save_16bit_model: '{name}' differs from the weights")
+# A gathered-parameters scope with a modifier rank writes that rank's change back to every rank's partition.
+with engine.gathered_parameters(model[0].bias, modifier_rank=0):
+    if rank == 0:
+        with torch.no_grad():
+            model[0].bias.fill_(0.5)
+with engine.gathered_parameters():
+    expect(bool((model[0].bias == 0.5).all()), "gathered_parameters(modifier_rank=0): the change did not reach every rank")
 resumed = model_of()
 engine, _, _, _ = tessera.initialize(model=resumed, config=config(1))
 path, client_state = engine.load_checkpoint(os.path.join(work, "ckpt"))
@@ -117,7 +130,7 @@ expect(not all(torch.equal(a, b) for a, b in zip(perturbed, expected)), "the per
 
 # Bad input: tessera's exception classes, the C++ messages.
 for bad, cls, words in (({"train_micro_batch_size_per_gpu": 8, "optimizr": {}}, tessera.ConfigError, "did you mean"),
-                        (dict(config(3)), tessera.ConfigError, "stage 3")):
+                        ({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 7}}, tessera.ConfigError, "stage")):
     try:
         tessera.initialize(model=model_of(), config=bad)
         expect(False, f"{bad} was accepted")
@@ -132,4 +145,4 @@ except tessera.ConfigError as e:
 
 if failures:
     sys.exit(f"rank {rank}: {len(failures)} failure(s)")
-print(f"rank {rank}: python parity ok (stages 0-2 bitwise equal to the PyTorch oracle after {STEPS} steps)", flush=True)
+print(f"rank {rank}: python parity ok (stages 0-3 bitwise equal to the PyTorch oracle after {STEPS} steps)", flush=True)
