@@ -5,7 +5,8 @@
 // gloo::allgatherv), over a second full mesh on the same device and store. bf16/fp16
 // reductions run in fp32; byte-moving operations run on a uint8 view (Gloo has no bf16). An
 // all-reduce of two members is tessera's own pipelined exchange over the same mesh
-// (pair_all_reduce.h: bf16 travels as bf16, bitwise the ring's result).
+// (pair_all_reduce.h: bf16 travels as bf16, bitwise the ring's result); of more members in bf16/fp16
+// an exchange and an all-gather in the half dtype (half_all_reduce.h).
 // The pairs listen on CommunicatorOptions::gloo_hostname, or where other nodes can reach them
 // (gloo_device below).
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -30,6 +31,7 @@
 #include "core/launch_env.h"
 #include "transport/detail/backend.h"
 #include "transport/detail/c10d_store.h"
+#include "transport/gloo/half_all_reduce.h"
 #include "transport/gloo/pair_all_reduce.h"
 
 namespace tessera::transport {
@@ -220,11 +222,13 @@ class GlooBackend : public Backend {
   }
 
   // Two members: the pipelined pair exchange (pair_all_reduce.h), bitwise what the ring gives.
-  // More: gloo's ring, as c10d's ProcessGroupGloo runs it (bcube's order could differ between
-  // ranks), bf16/fp16 in the fp32 scratch.
+  // More: bf16/fp16 as an exchange, a member-order fp32 sum and an all-gather with the half dtype on
+  // the wire (half_all_reduce.h); other dtypes gloo's ring, as c10d's ProcessGroupGloo runs it
+  // (bcube's order could differ between ranks).
   template <typename T>
   void all_reduce_as(at::Tensor& tensor, ReduceOp op) {
     if (size_ == 2) return pair_all_reduce(*context_, tensor, op, next_tag_++, timeout_, pair_scratch_);
+    if (is_half(tensor)) return half_all_reduce(context_, tensor, op, next_tag_, timeout_, half_scratch_);
     at::Tensor work = is_half(tensor) ? upcast(tensor) : tensor;
     gloo::AllreduceOptions o(context_);
     o.setOutput<T>(work.data_ptr<T>(), static_cast<size_t>(work.numel()));
@@ -296,6 +300,7 @@ class GlooBackend : public Backend {
   at::Tensor scratch_;   // fp32, see upcast()
   at::Tensor exchange_;  // reduce_scatter's received chunks
   PairAllReduceScratch pair_scratch_;
+  HalfAllReduceScratch half_scratch_;
   std::string name_ = "gloo";
   int rank_;
   int size_;
