@@ -161,10 +161,65 @@ class TesseraEngine:
         return self._engine.gathered_parameters(names, -1 if modifier_rank is None else int(modifier_rank))
 
 
+class _ParamGroup(dict):
+    """One entry of optimizer.param_groups: reading "lr" asks the engine; setting it sets that group's lr."""
+
+    def __init__(self, engine, index, params):
+        super().__init__(params=params)
+        self._engine, self._index = engine, index
+
+    def __getitem__(self, key):
+        if key == "lr":
+            return self._engine.get_lr()[self._index]
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value):
+        if key == "lr":
+            return self._engine.set_lr(float(value), self._index)
+        return super().__setitem__(key, value)
+
+
+class EngineOptimizer:
+    """What initialize returns as the optimizer (DeepSpeed's ZeRO optimizer): the engine steps it; scripts read and
+    set param_groups' lr and call zero_grad()."""
+
+    def __init__(self, engine, groups):
+        self._engine = engine
+        self.param_groups = [_ParamGroup(engine, i, params) for i, params in enumerate(groups)]
+
+    def zero_grad(self, set_to_none=True):
+        self._engine.zero_grad()
+
+    def step(self, closure=None):
+        raise _tessera.Error("optimizer.step(): the engine steps the optimizer; call engine.step()")
+
+
+class EngineScheduler:
+    """What initialize returns as the lr scheduler when the config has a `scheduler` section: the engine steps it
+    after every update that was not skipped, as DeepSpeed does; step() here is a no-op for scripts that call it."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def get_lr(self):
+        return self._engine.get_lr()
+
+    def get_last_lr(self):
+        return self._engine.get_last_lr()
+
+    @property
+    def last_batch_iteration(self):
+        return self._engine.last_batch_iteration()
+
+    def step(self, *args, **kwargs):
+        pass
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None):
     """deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler). Collective: every rank
-    calls it. The optimizer comes from the config's `optimizer` section."""
+    calls it. The optimizer and scheduler come from the config's `optimizer` and `scheduler` sections; the dataloader
+    is None (training_data is not taken yet)."""
     if not isinstance(model, torch.nn.Module):
         raise _tessera.ConfigError("initialize: model must be a torch.nn.Module")
     for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("training_data", training_data),
@@ -177,4 +232,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine = TesseraEngine(model, _tessera.initialize(_named_parameters(model), text, is_path, group_names, group_options))
     if engine.zero_optimization_stage() == 3:
         engine._hooks = install_unit_hooks(model, engine._engine)
-    return engine, None, None, None
+    by_name = dict(model.named_parameters())
+    groups = [[by_name[n] for n in names] for names in group_names] or [[p for p in model.parameters() if p.requires_grad]]
+    optimizer = EngineOptimizer(engine._engine, groups)
+    scheduler = EngineScheduler(engine._engine) if engine._engine.has_scheduler() else None
+    engine.optimizer, engine.lr_scheduler = optimizer, scheduler
+    return engine, optimizer, None, scheduler

@@ -124,6 +124,29 @@ for step in range(15, STEPS):
 for i, (g, e) in enumerate(zip(resumed.parameters(), expected)):
     expect(torch.equal(g.detach(), e), f"resumed at stage 1: parameter {i} differs from the oracle")
 
+# The optimizer and scheduler initialize returns: param_groups' lr reads and sets the engine's, per group; with a
+# `scheduler` section the scheduler object reports the engine's lrs.
+model = model_of()
+groups = [{"params": [model[0].weight, model[2].weight, model[4].weight]},
+          {"params": [model[0].bias, model[2].bias, model[4].bias], "weight_decay": 0.0, "lr": 1e-3}]
+engine, optimizer, _, scheduler = tessera.initialize(model=model, model_parameters=groups, config=config(1))
+expect(scheduler is None and len(optimizer.param_groups) == 2, "initialize without a scheduler: unexpected objects")
+expect(optimizer.param_groups[1]["lr"] == 1e-3 and optimizer.param_groups[0]["lr"] == LR,
+       f"param_groups lrs {[g['lr'] for g in optimizer.param_groups]}")
+optimizer.param_groups[0]["lr"] = 0.5
+expect(engine.get_lr() == [0.5, 1e-3], f"after setting group 0's lr: {engine.get_lr()}")
+warm = dict(config(1), scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": LR,
+                                                                  "warmup_num_steps": 10, "warmup_type": "linear"}})
+model = model_of()
+engine, optimizer, _, scheduler = tessera.initialize(model=model, config=warm)
+lrs = []
+for step in range(3):
+    engine.backward(loss_of(engine, step, rank))
+    engine.step()
+    lrs.append(scheduler.get_last_lr()[0])
+expect(scheduler.last_batch_iteration == 2 and lrs[0] <= lrs[1] < lrs[2] <= LR and engine.get_lr() == scheduler.get_lr(),
+       f"WarmupLR from Python: lrs {lrs}, last_batch_iteration {scheduler.last_batch_iteration}")
+
 # Negative control: an oracle with another lr must not match.
 perturbed = oracle(lr=LR * 1.0001)
 expect(not all(torch.equal(a, b) for a, b in zip(perturbed, expected)), "the perturbed oracle equals the oracle")
