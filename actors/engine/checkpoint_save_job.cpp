@@ -120,7 +120,10 @@ std::string run_save_job(const SaveJob& job, transport::Communicator* comm) {
       const auto text = checkpoint::to_json(m);
       io::detail::write_file_atomically((fs::path(job.partial) / checkpoint::kManifestName).string(), {{text.data(), text.size()}});
       reached(SavePoint::manifest_written);
-      checkpoint::commit_tag(job.dir, job.partial, job.tag);
+      if (const auto replaced = checkpoint::commit_tag(job.dir, job.partial, job.tag); !replaced.empty()) {
+        if (job.removal) job.removal->remove({replaced});
+        else fs::remove_all(replaced);
+      }
       reached(SavePoint::committed);
       if (job.save_latest) checkpoint::write_latest(job.dir, job.tag);
       reached(SavePoint::latest_written);

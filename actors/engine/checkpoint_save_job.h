@@ -7,11 +7,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "actors/engine/engine.h"
+#include "core/checkpoint/background_removal.h"
 #include "core/checkpoint/manifest.h"
 #include "core/checkpoint/save_layout.h"
 
@@ -32,6 +34,8 @@ struct SaveJob {
   bool save_latest = true;
   int64_t keep_last = 0;
   std::function<void(SavePoint)> at_point_for_testing;
+  // Rank 0: removes a replaced tag off the committing thread (nullptr: at once).
+  std::shared_ptr<checkpoint::BackgroundRemoval> removal;
 };
 
 // Returns the committed tag directory; CheckpointError (the same on every rank) otherwise, with

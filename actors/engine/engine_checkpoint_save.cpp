@@ -126,6 +126,7 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
                      (options.mode == SaveMode::configured && s.config.tessera.checkpoint.async_save);
   auto* comm = s.control_comm();
 
+  if (s.spec->rank == 0) s.removal->wait();  // a replaced tag still being removed is a leftover agree would remove
   const auto agreed = agree_on_partial(comm, s.spec->rank, dir, requested, s.config.checkpoint.tag_validation);
   const std::string& tag = agreed.tag;
   SaveJob job;
@@ -134,6 +135,7 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
   job.save_latest = options.save_latest;
   job.keep_last = s.config.tessera.checkpoint.keep_last;
   job.at_point_for_testing = options.at_point_for_testing;
+  job.removal = s.removal;
   const auto storage = storage_maps();
   job.maps = engine_maps(storage);
   job.aliases = find_aliases(storage);

@@ -100,7 +100,7 @@ void remove_leftovers(const std::string& dir) {
 ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOptions& options) {
   auto& s = *impl_;
   s.rethrow_pending();
-  if (s.export_cleanup.valid()) s.export_cleanup.get();
+  if (s.spec->rank == 0) s.removal->wait();  // an earlier removal may still hold leftovers we would remove
   auto* comm = s.control_comm();
   const int rank = s.spec->rank, world = s.spec->world;
   const auto storage = storage_maps();
@@ -210,10 +210,11 @@ ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOp
       checkpoint::fsync_path(dir);
     });
     if (!error.empty()) remove_temps();
-    else s.export_cleanup = std::async(std::launch::async, [aside] {
-      std::error_code ignored;
-      for (const auto& path : aside) fs::remove(path, ignored);
-    });
+    else {
+      std::vector<std::string> paths;
+      for (const auto& path : aside) paths.push_back(path.string());
+      s.removal->remove(std::move(paths));
+    }
   }
   agree(comm, dir, error);
   return result;

@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <exception>
-#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +17,7 @@
 
 #include "actors/bucket_staging.h"
 #include "actors/engine/checkpoint_writer.h"
+#include "core/checkpoint/background_removal.h"
 #include "actors/engine/engine.h"
 #include "actors/engine/engine_settings.h"
 #include "actors/engine/group_resolution.h"
@@ -65,9 +65,9 @@ struct Engine::Impl {
   std::shared_ptr<transport::Communicator> control;
   transport::Communicator* control_comm();  // nullptr on one rank
   std::unique_ptr<CheckpointWriter> writer;  // asynchronous saves (made at the first)
-  // Rank 0: removes the files an export replaced (freeing a large file's blocks takes a while);
-  // the next export and the destruction wait for it.
-  std::future<void> export_cleanup;
+  // Rank 0: removes a replaced checkpoint tag or exported files off the user's and writer's threads
+  // (freeing a large file's blocks takes a while); a save waits for it before clearing leftovers.
+  std::shared_ptr<checkpoint::BackgroundRemoval> removal = std::make_shared<checkpoint::BackgroundRemoval>();
   void refuse_in_inference(const char* what) const {
     if (inference)
       throw Error(std::string(what) + ": this is a ZeRO inference engine (initialize without an optimizer): it runs "

@@ -105,19 +105,19 @@ void fsync_path(const std::string& path) {
   if (synced != 0) fail(path, "fsync", error);
 }
 
-void commit_tag(const std::string& root, const std::string& partial, const std::string& tag) {
+std::string commit_tag(const std::string& root, const std::string& partial, const std::string& tag) {
   const std::string final_dir = (fs::path(root) / tag).string();
   fsync_path(partial);
   if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) != 0) {
     if (errno != EEXIST) fail(final_dir, "rename", errno);
-    // An older checkpoint of the same tag: swap them in one step, then drop the old one.
+    // An older checkpoint of the same tag: swap them in one step; the old one is now at `partial`.
     if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
       fail(final_dir, "rename (exchange)", errno);
     fsync_path(root);
-    std::error_code ec;
-    fs::remove_all(partial, ec);
+    return partial;
   }
   fsync_path(root);
+  return "";
 }
 
 void write_latest(const std::string& root, const std::string& tag) {

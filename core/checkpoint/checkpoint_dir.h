@@ -41,8 +41,9 @@ void check_tag(const std::string& tag);
 std::string partial_dir(const std::string& root, const std::string& tag, const std::string& nonce);
 // Removes leftovers of interrupted saves (DIR/.<anything>.partial-*); never a committed tag.
 void remove_partials(const std::string& root);
-// Renames `partial` to root/tag as described above.
-void commit_tag(const std::string& root, const std::string& partial, const std::string& tag);
+// Renames `partial` to root/tag as described above. An older root/tag is exchanged with it in one
+// step and left, out of sight, at `partial`'s path: returned for the caller to remove ("" if none).
+std::string commit_tag(const std::string& root, const std::string& partial, const std::string& tag);
 void write_latest(const std::string& root, const std::string& tag);
 // The tag DIR/latest names (CheckpointError naming DIR when there is none).
 std::string read_latest(const std::string& root);
