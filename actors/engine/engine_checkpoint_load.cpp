@@ -2,8 +2,8 @@
 // the rank files) into this engine's maps, whatever the layout either was saved or is run at; reads
 // only the chunks of each file the plans touch (positional reads), verifies each against its hash,
 // agrees with every rank that all is well, and only then writes the engine's buffers and counters.
-// A DeepSpeed ZeRO checkpoint (DIR/latest naming a tag with DeepSpeed's model-states file, no
-// manifest) is first imported (core/checkpoint/deepspeed/import.h) by rank 0 into a temporary
+// A DeepSpeed ZeRO checkpoint (DIR/latest, or DIR/latest_universal for DeepSpeed's universal format,
+// naming a tag with DeepSpeed's model-states file, no manifest) is first imported (core/checkpoint/deepspeed/import.h) by rank 0 into a temporary
 // tessera checkpoint under the system's temp directory, whose path every rank receives; a rank that
 // cannot see it (another node without that directory) imports its own copy. That checkpoint is
 // loaded as any other and removed afterwards.

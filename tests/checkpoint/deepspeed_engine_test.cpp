@@ -4,11 +4,12 @@
 // 0.weight ... 4.bias), its config (Adam lr 1e-3 through torch_adam, batch 32 per rank), its data
 // (step s on rank r: x = randn(32, 256), then y = randn(32, 16) from a generator seeded 10000 s + r;
 // MSE). Digest: sha256 over the parameters' float32 bytes in model order, first 16 hex digits.
-//   [np2]  each of ZeRO-1/2/3 loaded at its stage on 2 ranks: d39d9ee736d02b07 right after the load,
+//   [np2]  each of ZeRO-1/2/3 and the universal format (from ZeRO-2) loaded at its stage on 2 ranks:
+//          d39d9ee736d02b07 right after the load,
 //          3033dbc6e22eb116 after steps 5..9 (DeepSpeed's resumed = uninterrupted run); a negative
 //          control (the imported optimizer step set to 0) ends elsewhere.
-//   [np1]  the 2-rank ZeRO-2 checkpoint loaded at 1 rank: weights, masters and Adam's states equal
-//          DeepSpeed's partitions gathered, bitwise.
+//   [np1]  the 2-rank ZeRO-2 checkpoint, sharded and universal, loaded at 1 rank: weights, masters
+//          and Adam's states equal DeepSpeed's partitions gathered, bitwise.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
@@ -110,10 +111,10 @@ std::string shared_dir(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1/2/3 DeepSpeed checkpoints resume bitwise at 2 ranks: DeepSpeed's digests", "[np2]") {
+TEST_CASE("ZeRO-1/2/3 and universal DeepSpeed checkpoints resume bitwise at 2 ranks: DeepSpeed's digests", "[np2]") {
   REQUIRE(kWorld == 2);
-  for (int stage : {1, 2, 3}) {
-    const auto name = "z" + std::to_string(stage) + "_fp32";
+  for (const auto& [name, stage] : std::vector<std::pair<std::string, int>>{
+           {"z1_fp32", 1}, {"z2_fp32", 2}, {"z3_fp32", 3}, {"z2_fp32_universal", 2}}) {
     INFO(name);
     auto m = fixture_mlp();
     auto e = engine_for(m, stage);
@@ -159,7 +160,7 @@ TEST_CASE("Imported first, then loaded; a wrong optimizer step ends on another d
   if (kRank == 0) fs::remove_all(out);
 }
 
-TEST_CASE("A 2-rank ZeRO-2 checkpoint loaded at 1 rank holds DeepSpeed's tensors gathered", "[np1]") {
+TEST_CASE("A 2-rank ZeRO-2 checkpoint, sharded or universal, loaded at 1 rank holds DeepSpeed's tensors gathered", "[np1]") {
   REQUIRE(kWorld == 1);
   const auto ds = ck::deepspeed::read_deepspeed_checkpoint(fixture("z2_fp32"));
   auto gathered = [&](const std::vector<std::vector<char>>& ranks) {
@@ -167,11 +168,12 @@ TEST_CASE("A 2-rank ZeRO-2 checkpoint loaded at 1 rank holds DeepSpeed's tensors
     for (const auto& r : ranks) all.insert(all.end(), r.begin(), r.end());
     return torch::from_blob(all.data(), {int64_t(all.size() / 4)}, torch::kFloat).narrow(0, 0, 21648).clone();
   };
-  for (int stage : {1, 2, 3}) {
-    INFO("stage " << stage);
+  for (const auto& [name, stage] : std::vector<std::pair<std::string, int>>{
+           {"z2_fp32", 1}, {"z2_fp32", 2}, {"z2_fp32", 3}, {"z2_fp32_universal", 2}, {"z2_fp32_universal", 3}}) {
+    INFO(name << " at stage " << stage);
     auto m = fixture_mlp();
     auto e = engine_for(m, stage);
-    e->load_checkpoint(fixture("z2_fp32"));
+    e->load_checkpoint(fixture(name));
     CHECK(digest(*e, m) == kAfterLoad);
     const auto storage = e->storage_maps();
     CHECK(torch::equal(storage.buffers.at("master/0").view({-1}).narrow(0, 0, 21648), gathered(ds.groups[0].master)));

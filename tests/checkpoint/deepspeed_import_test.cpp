@@ -3,7 +3,8 @@
 // tessera's consolidate, equal DeepSpeed's zero_to_fp32 output bitwise and give the digest DeepSpeed
 // printed after 5 steps (d39d9ee736d02b07: sha256 over the float32 bytes of the parameters in
 // model order, first 16 hex digits); masters and Adam states equal the DeepSpeed ranks' partitions
-// gathered by hand. Bad inputs are refused naming the file, with nothing written.
+// gathered by hand. The universal format (z2_fp32_universal) imports into the very files the sharded
+// z2_fp32 does. Bad inputs are refused naming the file, with nothing written.
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
@@ -143,6 +144,58 @@ TEST_CASE("Bad DeepSpeed checkpoints are refused naming the file, and OUT is nev
   fs::remove_all(copy);
 }
 
+TEST_CASE("The universal format imports into the very rank files and manifest of the sharded checkpoint", "[deepspeed][import]") {
+  // z2_fp32_universal is ds_to_universal's output for a run like z2_fp32's (same digest after 5 steps).
+  const auto sharded = scratch("sharded"), universal = scratch("universal");
+  import_deepspeed(fixture("z2_fp32"), sharded.string());
+  const auto report = import_deepspeed(fixture("z2_fp32_universal"), universal.string());
+  CHECK(report.stage == 2);
+  CHECK(report.world == 2);
+  CHECK(report.elements == 21648);
+  const auto tag_dir = (universal / "global_step5").string();
+  CHECK(ck::verify_tag(tag_dir).ok());
+  const auto ds = read_deepspeed_checkpoint(fixture("z2_fp32_universal"));
+  CHECK(ds.universal);
+  CHECK(ds.state_names == std::vector<std::string>{"exp_avg", "exp_avg_sq"});
+  CHECK(ds.optimizer_step == 5);
+  auto bytes = [](const fs::path& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const std::string f : {"rank0.safetensors", "rank1.safetensors", "manifest.json"}) {
+    INFO(f);
+    CHECK(bytes(universal / "global_step5" / f) == bytes(sharded / "global_step5" / f));
+  }
+  ck::ConsolidateOptions options;
+  options.format = ck::ConsolidateFormat::pytorch_bin;
+  const auto consolidated = scratch("universal_fp32");
+  ck::consolidate(universal.string(), consolidated.string(), options);
+  CHECK(digest(bin_tensors((consolidated / "pytorch_model.bin").string())) == "d39d9ee736d02b07");
+  for (const auto& d : {sharded, universal, consolidated}) fs::remove_all(d);
+}
+
+TEST_CASE("Bad universal checkpoints are refused naming the file and the parameter", "[deepspeed][import]") {
+  const auto copy = scratch("bad_universal");
+  copy_tree(fixture("z2_fp32_universal"), copy);
+  const auto out = scratch("bad_universal_out");
+  const auto zero = copy / "global_step5" / "zero";
+  SECTION("a parameter folder missing") {
+    fs::remove_all(zero / "2.bias");
+    CHECK_THROWS_WITH(import_deepspeed(copy.string(), out.string()), Catch::Contains("2.bias") && Catch::Contains("missing"));
+  }
+  SECTION("a state one parameter lacks") {
+    fs::remove(zero / "4.weight" / "exp_avg_sq.pt");
+    CHECK_THROWS_WITH(import_deepspeed(copy.string(), out.string()), Catch::Contains("4.weight") && Catch::Contains("optimizer states"));
+  }
+  SECTION("a tensor of another parameter's shape") {
+    fs::copy_file(zero / "2.bias" / "fp32.pt", zero / "4.bias" / "fp32.pt", fs::copy_options::overwrite_existing);
+    CHECK_THROWS_WITH(import_deepspeed(copy.string(), out.string()),
+                      Catch::Contains("4.bias/fp32.pt") && Catch::Contains("shape [64]") && Catch::Contains("[16]"));
+  }
+  CHECK_FALSE(fs::exists(out));
+  fs::remove_all(copy);
+}
+
 TEST_CASE("OUT that exists and is not empty is refused", "[deepspeed][import]") {
   const auto out = scratch("occupied");
   fs::create_directories(out / "something");
@@ -153,7 +206,7 @@ TEST_CASE("OUT that exists and is not empty is refused", "[deepspeed][import]") 
 TEST_CASE("is_deepspeed_checkpoint tells DeepSpeed directories from tessera ones", "[deepspeed][import]") {
   CHECK(is_deepspeed_checkpoint(fixture("z1_fp32")));
   CHECK(is_deepspeed_checkpoint(fixture("z3_fp32")));
-  CHECK_FALSE(is_deepspeed_checkpoint(fixture("z2_fp32_universal")));  // latest_universal only
+  CHECK(is_deepspeed_checkpoint(fixture("z2_fp32_universal")));  // latest_universal only
   const auto out = scratch("tessera");
   import_deepspeed(fixture("z1_fp32"), out.string());
   CHECK_FALSE(is_deepspeed_checkpoint(out.string()));

@@ -78,10 +78,13 @@ void add_consolidate(CLI::App& checkpoint) {
 void add_import(CLI::App& checkpoint) {
   auto args = std::make_shared<std::array<std::string, 3>>();  // DS_DIR, OUT, tag
   auto* c = checkpoint.add_subcommand(
-      "import", "A DeepSpeed ZeRO-1/2/3 checkpoint (latest, global_stepN/*.pt) as a tessera checkpoint root OUT");
+      "import",
+      "A DeepSpeed ZeRO-1/2/3 checkpoint (latest, global_stepN/*.pt; or the universal format, latest_universal) as a "
+      "tessera checkpoint root OUT");
   c->add_option("DS_DIR", (*args)[0], "the DeepSpeed checkpoint directory (holding `latest`)")->required();
   c->add_option("OUT", (*args)[1], "the output directory (must not exist, or be empty)")->required();
-  c->add_option("--tag", (*args)[2], "DeepSpeed's tag under DS_DIR (default: the one DS_DIR/latest names)");
+  c->add_option("--tag", (*args)[2],
+                "DeepSpeed's tag under DS_DIR (default: the one DS_DIR/latest, else DS_DIR/latest_universal, names)");
   c->callback([args] {
     ck::deepspeed::ImportOptions options;
     options.tag = (*args)[2];

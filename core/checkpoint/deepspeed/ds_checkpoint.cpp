@@ -8,6 +8,7 @@
 
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/deepspeed/torch_archive.h"
+#include "core/checkpoint/deepspeed/universal_checkpoint.h"
 #include "core/checkpoint/manifest.h"
 #include "core/error.h"
 
@@ -24,10 +25,19 @@ std::string trimmed(std::string s) {
   return s;
 }
 
+// DIR/latest, else DIR/latest_universal (what ds_to_universal writes); "" when neither.
+fs::path latest_file(const std::string& dir) {
+  std::error_code ec;
+  for (const char* name : {"latest", "latest_universal"})
+    if (fs::is_regular_file(fs::path(dir) / name, ec)) return fs::path(dir) / name;
+  return {};
+}
+
 std::string resolve_tag(const std::string& dir, const std::string& tag) {
   if (!tag.empty()) return tag;
-  const auto latest = fs::path(dir) / "latest";
-  if (!fs::is_regular_file(latest)) throw CheckpointError(dir + ": no 'latest' file naming a DeepSpeed tag (pass a tag)");
+  const auto latest = latest_file(dir);
+  if (latest.empty())
+    throw CheckpointError(dir + ": no 'latest' or 'latest_universal' file naming a DeepSpeed tag (pass a tag)");
   return trimmed(read_text(latest.string()));
 }
 
@@ -60,10 +70,32 @@ json to_json(const PickleValue& v) {
 
 int64_t dim_of(const PickleValue& d, const std::string& where) { return d.as_int(where); }
 
+// A tessera checkpoint holds the trainable parameters only, and the engine trains every parameter
+// it is given: frozen ones (requires_grad false in DeepSpeed) have no place to go, so they are
+// refused by name rather than dropped.
+void refuse_frozen(const PickleValue& root, const std::string& path) {
+  std::vector<std::string> names;
+  for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"}) {
+    const auto* frozen = root.find(key);
+    if (!frozen || frozen->is_none()) continue;
+    if (frozen->kind != PickleKind::dict) throw CheckpointError(path + ": " + key + " is a " + kind_name(frozen->kind));
+    for (const auto& entry : frozen->entries) {
+      const auto& name = entry.first->as_string(path + " " + key);
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+  }
+  if (names.empty()) return;
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw CheckpointError(path + ": " + std::to_string(names.size()) + " frozen parameter(s) (frozen_param_shapes): " + list +
+                        "; a tessera checkpoint holds trainable parameters only, so this import refuses them");
+}
+
 // What the model-states file says: names, shapes, dtype, counters, config.
 void read_model_states(DsCheckpoint& ds, const std::string& path) {
   TorchArchive a(path);
   const auto& root = a.root();
+  refuse_frozen(root, path);
   ds.world = int(root.at("dp_world_size", path).as_int(path));
   if (const auto* mp = root.find("mp_world_size"); mp && mp->as_int(path) != 1)
     throw CheckpointError(path + ": saved at model-parallel size " + std::to_string(mp->as_int(path)) +
@@ -90,7 +122,7 @@ void read_model_states(DsCheckpoint& ds, const std::string& path) {
   }
   bool dtype_known = false;
   for (const auto& [name, t] : root.at("module", path).entries) {
-    if (!trainable.count(name->as_string(path))) continue;  // frozen weights and buffers
+    if (!trainable.count(name->as_string(path))) continue;  // buffers (frozen weights were refused above)
     ds.parameter_order.push_back(name->text);
     const auto dtype = t->as_tensor(path + " module '" + name->text + "'").storage.dtype;
     if (dtype_known && dtype != ds.dtype)
@@ -171,25 +203,6 @@ RankOptimizer read_rank_optimizer(const TorchArchive& a, const DsCheckpoint& ds,
   return out;
 }
 
-int stage_of(const PickleValue& osd, const DsCheckpoint& ds) {
-  if (const auto* z = osd.find("zero_stage")) return int(z->kind == PickleKind::enum_member ? z->integer : z->as_int("zero_stage"));
-  const auto config = json::parse(ds.config_json);  // the bf16 optimizer does not say
-  if (config.contains("zero_optimization") && config["zero_optimization"].contains("stage"))
-    return config["zero_optimization"]["stage"].get<int>();
-  return ds.layout == DsLayout::zero3 ? 3 : 1;
-}
-
-DsLossScaler loss_scaler_of(const PickleValue& s, const std::string& path) {
-  DsLossScaler out;
-  out.scale = s.at("cur_scale", path + " loss_scaler").as_double(path);
-  out.dynamic = s.text.size() >= 17 && s.text.compare(s.text.size() - 17, 17, "DynamicLossScaler") == 0;
-  if (!out.dynamic) return out;
-  out.iteration = s.at("cur_iter", path).as_int(path);
-  out.last_overflow_iteration = s.at("last_overflow_iter", path).as_int(path);
-  if (const auto* h = s.find("cur_hysteresis")) out.hysteresis_left = h->as_int(path);
-  return out;
-}
-
 // ZeRO-1/2: every group's partitions agree in size across ranks, cover the group, and match
 // DeepSpeed's own slice table.
 void check_zero12(const DsCheckpoint& ds, const std::vector<RankOptimizer>& ranks, const std::vector<std::string>& files) {
@@ -265,6 +278,29 @@ void assemble(DsCheckpoint& ds, std::vector<RankOptimizer>& ranks, const std::ve
 
 }  // namespace
 
+namespace detail {
+
+int stage_of(const PickleValue& osd, const DsCheckpoint& ds) {
+  if (const auto* z = osd.find("zero_stage")) return int(z->kind == PickleKind::enum_member ? z->integer : z->as_int("zero_stage"));
+  const auto config = json::parse(ds.config_json);  // the bf16 optimizer does not say
+  if (config.contains("zero_optimization") && config["zero_optimization"].contains("stage"))
+    return config["zero_optimization"]["stage"].get<int>();
+  return ds.layout == DsLayout::zero3 ? 3 : 1;
+}
+
+DsLossScaler loss_scaler_of(const PickleValue& s, const std::string& path) {
+  DsLossScaler out;
+  out.scale = s.at("cur_scale", path + " loss_scaler").as_double(path);
+  out.dynamic = s.text.size() >= 17 && s.text.compare(s.text.size() - 17, 17, "DynamicLossScaler") == 0;
+  if (!out.dynamic) return out;
+  out.iteration = s.at("cur_iter", path).as_int(path);
+  out.last_overflow_iteration = s.at("last_overflow_iter", path).as_int(path);
+  if (const auto* h = s.find("cur_hysteresis")) out.hysteresis_left = h->as_int(path);
+  return out;
+}
+
+}  // namespace detail
+
 int64_t DsParameter::elements() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -275,9 +311,10 @@ bool is_deepspeed_checkpoint(const std::string& dir, const std::string& tag) {
   std::error_code ec;
   std::string t = tag;
   if (t.empty()) {
-    if (!fs::is_regular_file(fs::path(dir) / "latest", ec)) return false;
+    const auto latest = latest_file(dir);
+    if (latest.empty()) return false;
     try {
-      t = trimmed(read_text((fs::path(dir) / "latest").string()));
+      t = trimmed(read_text(latest.string()));
     } catch (const CheckpointError&) {
       return false;
     }
@@ -302,6 +339,10 @@ DsCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std::string
                           "(not a DeepSpeed checkpoint tag)");
   ds.layout = fs::path(model).filename().string().rfind("zero_pp_rank_", 0) == 0 ? DsLayout::zero3 : DsLayout::zero12;
   read_model_states(ds, model);
+  if (is_universal_tag(ds.tag_dir)) {
+    read_universal(ds);
+    return ds;
+  }
   // bf16 training names its optimizer files bf16_zero_pp_rank_*; fp32 and fp16 do not.
   const std::string prefix = fs::is_regular_file(tag_dir / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt") ? "bf16_" : "";
   std::vector<RankOptimizer> ranks;
@@ -317,10 +358,10 @@ DsCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std::string
     ranks.back().scaler = nullptr;  // it lives in the archive, closed at the end of this iteration
     if (r != 0) continue;
     const auto& osd = a.root().at("optimizer_state_dict", files.back());
-    ds.stage = stage_of(osd, ds);
+    ds.stage = detail::stage_of(osd, ds);
     if (scaler && ds.dtype == affine::DType::f16) {
       ds.has_loss_scaler = true;
-      ds.loss_scaler = loss_scaler_of(*scaler, files.back());
+      ds.loss_scaler = detail::loss_scaler_of(*scaler, files.back());
     }
   }
   if (ds.world < 1) throw CheckpointError(model + ": dp_world_size " + std::to_string(ds.world));

@@ -10,7 +10,12 @@
 //   ZeRO-3: each tensor is cut into W partitions of ceil(numel / W) (padding on the last ranks);
 //     a rank's flat groups (sub-groups) concatenate its partition of every tensor, in the order of
 //     all param_shapes groups; read here as one flat group.
-// Frozen parameters are not part of a tessera checkpoint and are not read.
+// DeepSpeed's universal format (ds_to_universal's output, DIR/latest_universal): the same tag
+// directory holds the model-states file and zero/: optimizer_state.pt (loss scaler, zero_stage,
+// param_groups) and per parameter zero/<name>/fp32.pt, <state>.pt, step.pt, each a full tensor;
+// read by universal_checkpoint.h into the flat layout its stage implies (universal_checkpoint.h).
+// Frozen parameters (frozen_param_shapes) are refused, naming them: a tessera checkpoint holds the
+// trainable parameters only.
 //
 // Example (the fixture z1_fp32: 2 ranks, 21,648 fp32 elements in one group): P = 10,824; rank 1's
 // partition starts inside 0.weight (element 10,824 of 16,384), then holds everything after it.
@@ -51,6 +56,7 @@ struct DsLossScaler {
 
 struct DsCheckpoint {
   std::string tag_dir;
+  bool universal = false;                          // read from DeepSpeed's universal format
   std::string tag;
   int stage = 0;
   int world = 1;                                   // data-parallel ranks that saved it
@@ -68,12 +74,19 @@ struct DsCheckpoint {
   std::string config_json = "{}";                  // ds_config as saved
 };
 
-// True when DIR (or DIR/<tag>) holds DeepSpeed files and no tessera manifest: DIR/latest (or
-// `tag`) names a directory with a model-states file.
+// True when DIR (or DIR/<tag>) holds DeepSpeed files and no tessera manifest: DIR/latest (else
+// DIR/latest_universal, or `tag`) names a directory with a model-states file.
 bool is_deepspeed_checkpoint(const std::string& dir, const std::string& tag = "");
 
 // Reads and checks every file; CheckpointError naming the file (and tensor) at fault. `tag` empty:
-// the one DIR/latest names. Holds every rank's partitions in memory.
+// the one DIR/latest (else DIR/latest_universal) names. Holds every rank's partitions in memory.
 DsCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std::string& tag = "");
+
+struct PickleValue;
+namespace detail {  // shared by the sharded reader and the universal one
+// The ZeRO stage an optimizer state dict says (zero_stage), else ds_config's, else by layout.
+int stage_of(const PickleValue& optimizer_state, const DsCheckpoint& ds);
+DsLossScaler loss_scaler_of(const PickleValue& scaler, const std::string& path);
+}  // namespace detail
 
 }  // namespace tessera::checkpoint::deepspeed

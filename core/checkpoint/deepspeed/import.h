@@ -1,6 +1,7 @@
-// import_deepspeed(): a DeepSpeed ZeRO-1/2/3 checkpoint (ds_checkpoint.h) written as a tessera
-// checkpoint (manifest.h) that `tessera checkpoint verify` accepts and Engine::load_checkpoint
-// resumes at any data-parallel size and stage. `tessera checkpoint import DS_DIR OUT`.
+// import_deepspeed(): a DeepSpeed ZeRO-1/2/3 checkpoint, sharded or in DeepSpeed's universal format
+// (ds_checkpoint.h, universal_checkpoint.h), written as a tessera checkpoint (manifest.h) that
+// `tessera checkpoint verify` accepts and Engine::load_checkpoint resumes at any data-parallel size
+// and stage. `tessera checkpoint import DS_DIR OUT`.
 //
 // The import is one more storage: DeepSpeed's rank r becomes the checkpoint's file rank r
 // (OUT/<tag>/rank<r>.safetensors), holding its partitions as flat buffers "master/<g>" (fp32) and

@@ -13,7 +13,7 @@ namespace {
 using Mutable = std::shared_ptr<PickleValue>;
 
 // What a known global is, when it is called or used as a storage type.
-enum class Global { ordered_dict, set, getattr, rebuild_tensor, size, storage, ds_object, zero_stage_enum };
+enum class Global { ordered_dict, set, getattr, rebuild_tensor, size, storage, ds_object, zero_stage_enum, dtype };
 
 struct KnownGlobal {
   Global role;
@@ -44,6 +44,10 @@ const std::map<std::string, KnownGlobal>& known_globals() {
       {"deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler", {Global::ds_object}},
       {"deepspeed.utils.tensor_fragment.fragment_address", {Global::ds_object}},
       {"deepspeed.runtime.zero.config.ZeroStageEnum", {Global::zero_stage_enum}},
+      // DynamicLossScaler keeps its dtype (torch.half by default), pickled as a reference to it.
+      {"torch.float16", {Global::dtype, DType::f16}},
+      {"torch.bfloat16", {Global::dtype, DType::bf16}},
+      {"torch.float32", {Global::dtype, DType::f32}},
   };
   return table;
 }

@@ -9,6 +9,7 @@
 //   deepspeed.runtime.fp16.loss_scaler.LossScaler, DynamicLossScaler,
 //     deepspeed.utils.tensor_fragment.fragment_address      -> objects (class name + attributes)
 //   deepspeed.runtime.zero.config.ZeroStageEnum (called, or through __builtin__.getattr) -> enum member
+//   torch.float16, torch.bfloat16, torch.float32 (a DynamicLossScaler's dtype)  -> a global, as data
 // Any other global, any other call, and any other opcode is refused by name: CheckpointError
 // naming `where` (the file), the global or opcode, and its byte position.
 //
