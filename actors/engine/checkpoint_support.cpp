@@ -3,8 +3,11 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
+#include <random>
 #include <cstring>
 
+#include "core/affine/serialize.h"
 #include "core/error.h"
 #include "transport/communicator.h"
 
@@ -26,6 +29,13 @@ std::vector<std::string> all_gather_strings(transport::Communicator* comm, const
   const auto* p = static_cast<const char*>(all.data_ptr());
   for (int r = 0; r < n; ++r) out.emplace_back(p + r * bytes.numel(), size_t(lengths[r].item<int64_t>()));
   return out;
+}
+
+std::string nonce() {
+  std::random_device device;
+  std::mt19937_64 generator((uint64_t(device()) << 32) ^ device() ^
+                            uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
+  return affine::hex_digest(generator()).substr(0, 12);
 }
 
 std::string first_error(const std::vector<std::string>& errors) {

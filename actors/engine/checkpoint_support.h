@@ -22,6 +22,9 @@ namespace checkpoint_support {
 // Every rank's string, in rank order (collective over `comm`; {mine} without one).
 std::vector<std::string> all_gather_strings(transport::Communicator* comm, const std::string& mine);
 
+// 12 random hex digits naming one save's or export's temporary files (rank 0 draws, the ranks agree).
+std::string nonce();
+
 // The first error any rank reported ("" from every rank: none), as one message naming the rank.
 std::string first_error(const std::vector<std::string>& errors);
 

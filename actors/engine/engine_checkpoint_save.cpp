@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <random>
 
 #include "actors/actor_runtime.h"
 #include "actors/ask.h"
@@ -31,13 +30,6 @@ namespace {
 
 using nlohmann::json;
 using namespace checkpoint_support;
-
-std::string nonce() {
-  std::random_device device;
-  std::mt19937_64 generator((uint64_t(device()) << 32) ^ device() ^
-                            uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
-  return affine::hex_digest(generator()).substr(0, 12);
-}
 
 checkpoint::EngineCounters counters(const Engine::Impl& s, int64_t optimizer_updates) {
   checkpoint::EngineCounters c;

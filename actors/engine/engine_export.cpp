@@ -13,9 +13,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <filesystem>
-#include <random>
 #include <set>
 
 #include "actors/engine/checkpoint_support.h"
@@ -23,6 +21,7 @@
 #include "core/affine/serialize.h"
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/io/detail/posix_file.h"
+#include "core/io/weight_directory.h"
 
 namespace fs = std::filesystem;
 
@@ -58,12 +57,6 @@ void agree(transport::Communicator* comm, const std::string& dir, const std::str
     throw CheckpointError("save_16bit_model " + dir + ": " + e);
 }
 
-bool is_export_file(const std::string& name) {
-  return name == "model.safetensors" || name == "model.safetensors.index.json" ||
-         (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
-          name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0);
-}
-
 // Hidden leftovers of exports: temporary files of one that was killed, replaced files not yet removed.
 bool is_export_leftover(const std::string& name) {
   return name.rfind(".model", 0) == 0 &&
@@ -80,7 +73,7 @@ std::vector<fs::path> set_aside_earlier_export(const std::string& dir, const std
   std::vector<fs::path> aside;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const auto name = entry.path().filename().string();
-    if (!is_export_file(name) || !entry.is_regular_file()) continue;
+    if (!io::is_weight_file_name(name) || !entry.is_regular_file()) continue;
     const auto hidden = fs::path(dir) / replaced_name(name, nonce);
     if (keep.count(name)) fs::create_hard_link(entry.path(), hidden);
     else fs::rename(entry.path(), hidden);
@@ -129,8 +122,7 @@ ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOp
   // (1) Rank 0 creates the files.
   std::string nonce, error;
   if (rank == 0) {
-    nonce = affine::hex_digest(std::random_device{}() ^ uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()))
-                .substr(0, 12);
+    nonce = checkpoint_support::nonce();
     error = attempt([&] {
       fs::create_directories(dir);
       remove_leftovers(dir);

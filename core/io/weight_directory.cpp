@@ -133,6 +133,10 @@ void WeightDirectory::read_into(const std::string& name, at::Tensor destination)
   file_of(name).read_into(name, std::move(destination));
 }
 
+bool is_weight_file_name(const std::string& name) {
+  return name == kSingleName || name == kIndexName || shard_file_name(name);
+}
+
 void save_weight_directory(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                            uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
   // Validate everything before the first file (write_safetensors checks again, per shard).
@@ -188,8 +192,7 @@ void save_weight_directory(const std::string& dir, const std::vector<std::pair<s
   // Leftovers of an earlier save would shadow (model.safetensors wins) or confuse readers.
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    const bool ours = name == kSingleName || name == kIndexName || shard_file_name(name);
-    if (ours && written.count(name) == 0) fs::remove(entry.path(), error);
+    if (is_weight_file_name(name) && written.count(name) == 0) fs::remove(entry.path(), error);
   }
 }
 

@@ -49,6 +49,10 @@ class WeightDirectory {
   std::map<std::string, size_t> where_;  // tensor name -> position in files_
 };
 
+// Whether `name` is a file of a Hugging Face weight directory: model.safetensors, its shards
+// (model-00001-of-00003.safetensors) or model.safetensors.index.json.
+bool is_weight_file_name(const std::string& name);
+
 // Writes dir/model.safetensors when all tensors fit in max_shard_bytes (0 = no limit), else shards
 // model-0000K-of-0000M.safetensors (tensors kept whole and in order; a new shard starts when the next
 // tensor would exceed the limit, so a tensor larger than the limit gets a shard of its own) plus
