@@ -7,9 +7,9 @@
 
 #include "actors/engine/checkpoint_support.h"
 #include "core/checkpoint/checkpoint_dir.h"
+#include "core/checkpoint/rank_file_writer.h"
 #include "core/error.h"
 #include "core/io/detail/posix_file.h"
-#include "core/io/safetensors.h"
 #include "core/log/log.h"
 
 namespace fs = std::filesystem;
@@ -20,38 +20,16 @@ namespace {
 using nlohmann::json;
 using namespace checkpoint_support;
 
-// Writes `tensors` (contiguous, on the CPU) to `path`; returns the file's entry. The file's hash
-// and the chunk hashes come from the bytes written, in one pass over memory (not a read back).
+// Writes `tensors` (contiguous, on the CPU) to `path` (rank_file_writer.h); returns the file's entry.
 checkpoint::RankFile write_rank_file(const std::string& path, int rank,
                                      const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-  const auto header =
-      io::write_safetensors(path, tensors, {{"format", "tessera.checkpoint.rank"}, {"rank", std::to_string(rank)}});
-  checkpoint::StreamHash file_hash;
-  file_hash.update(header.data(), header.size());
-  checkpoint::RankFile entry;
-  entry.rank = rank;
-  entry.file = fs::path(path).filename().string();
-  int64_t offset = int64_t(header.size());  // the tensors' bytes follow the header, in order
+  std::vector<checkpoint::RankFileBuffer> buffers;
   for (const auto& [key, t] : tensors) {
     if (!t.is_contiguous() || !t.device().is_cpu())
       throw CheckpointError(path + ": tensor '" + key + "' is not a contiguous CPU tensor");
-    checkpoint::SavedBuffer b;
-    b.key = key;
-    b.dtype = affine_dtype(t.scalar_type());
-    b.elements = t.numel();
-    b.data_offset = offset;  // from the file's start
-    b.chunk_bytes = checkpoint::kChunkBytes;
-    const int64_t bytes = t.numel() * int64_t(t.element_size());
-    b.chunk_hashes = file_hash.update_chunked(t.data_ptr(), bytes, b.chunk_bytes);
-    offset += bytes;
-    entry.buffers.push_back(std::move(b));
+    buffers.push_back({key, affine_dtype(t.scalar_type()), t.data_ptr(), int64_t(t.nbytes())});
   }
-  entry.bytes = offset;
-  entry.hash = file_hash.digest();
-  if (int64_t(fs::file_size(path)) != entry.bytes)
-    throw CheckpointError(path + ": " + std::to_string(fs::file_size(path)) + " bytes on disk, " +
-                          std::to_string(entry.bytes) + " written");
-  return entry;
+  return checkpoint::write_rank_file(path, rank, buffers);
 }
 
 json aliases_json(const checkpoint::RankAliases& aliases) {

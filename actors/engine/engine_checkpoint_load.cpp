@@ -127,7 +127,10 @@ LoadPlan plan_load(const checkpoint::Manifest& m, const EngineStorage& storage, 
   return out;
 }
 
-// Reads and verifies every chunk the plans touch.
+// Reads and verifies every chunk the plans touch, asking the kernel kReadAhead ahead within each
+// run of consecutive chunks so that the disk reads while the chunks before are hashed.
+constexpr int64_t kReadAhead = int64_t{64} << 20;
+
 void read_sources(LoadPlan& plan, const std::string& tag_dir) {
   std::map<std::string, std::unique_ptr<io::detail::ReadOnlyFile>> open;
   for (auto& [id, src] : plan.sources) {
@@ -144,8 +147,20 @@ void read_sources(LoadPlan& plan, const std::string& tag_dir) {
     src.data = io::huge_page_empty(b.elements, scalar_type(b.dtype));  // pages touched by reads only, 2 MiB each
     const int64_t bytes = b.elements * affine::element_size(b.dtype);
     auto* base = static_cast<char*>(src.data.data_ptr());
-    for (int64_t c : src.chunks) {
+    int64_t run_end = 0, prefetched = 0;  // the current run of consecutive chunks ends at run_end
+    for (auto it = src.chunks.begin(); it != src.chunks.end(); ++it) {
+      const int64_t c = *it;
       const int64_t begin = c * b.chunk_bytes, n = std::min(b.chunk_bytes, bytes - begin);
+      if (begin >= run_end) {  // a new run: find its end
+        auto last = it;
+        while (std::next(last) != src.chunks.end() && *std::next(last) == *last + 1) ++last;
+        run_end = std::min(bytes, (*last + 1) * b.chunk_bytes);
+        prefetched = begin;
+      }
+      if (const int64_t want = std::min(run_end, begin + kReadAhead); want > prefetched) {
+        file->prefetch(uint64_t(b.data_offset + prefetched), uint64_t(want - prefetched));
+        prefetched = want;
+      }
       file->pread_exact(base + begin, uint64_t(n), uint64_t(b.data_offset + begin), "buffer '" + b.key + "'");
       if (checkpoint::xxh3(base + begin, size_t(n)) != b.chunk_hashes.at(size_t(c)))
         throw CheckpointError(path + ": buffer '" + b.key + "' bytes [" + std::to_string(begin) + ", " +

@@ -72,12 +72,12 @@ struct AgreedSave {
 };
 
 AgreedSave agree_on_partial(transport::Communicator* comm, int rank, const std::string& dir, const std::string& tag,
-                            config::TagValidation validation) {
+                            config::TagValidation validation, const checkpoint::BackgroundRemoval& removal) {
   std::string error;
   if (rank == 0) {
     try {
       fs::create_directories(dir);
-      checkpoint::remove_partials(dir);
+      checkpoint::remove_partials(dir, removal.pending());
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -118,8 +118,8 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
                      (options.mode == SaveMode::configured && s.config.tessera.checkpoint.async_save);
   auto* comm = s.control_comm();
 
-  if (s.spec->rank == 0) s.removal->wait();  // a replaced tag still being removed is a leftover agree would remove
-  const auto agreed = agree_on_partial(comm, s.spec->rank, dir, requested, s.config.checkpoint.tag_validation);
+  const auto agreed =
+      agree_on_partial(comm, s.spec->rank, dir, requested, s.config.checkpoint.tag_validation, *s.removal);
   const std::string& tag = agreed.tag;
   SaveJob job;
   job.dir = dir, job.tag = tag, job.rank = s.spec->rank, job.world = s.spec->world;

@@ -82,10 +82,14 @@ std::vector<fs::path> set_aside_earlier_export(const std::string& dir, const std
   return aside;
 }
 
-void remove_leftovers(const std::string& dir) {
+// Not those a BackgroundRemoval has queued already (`skip`).
+void remove_leftovers(const std::string& dir, const std::set<std::string>& skip) {
+  std::set<std::string> skipped;
+  for (const auto& p : skip) skipped.insert(fs::path(p).lexically_normal().string());
   std::error_code ignored;
   for (const auto& entry : fs::directory_iterator(dir, ignored))
-    if (is_export_leftover(entry.path().filename().string())) fs::remove(entry.path(), ignored);
+    if (is_export_leftover(entry.path().filename().string()) && !skipped.count(entry.path().lexically_normal().string()))
+      fs::remove(entry.path(), ignored);
 }
 
 }  // namespace
@@ -93,7 +97,6 @@ void remove_leftovers(const std::string& dir) {
 ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOptions& options) {
   auto& s = *impl_;
   s.rethrow_pending();
-  if (s.spec->rank == 0) s.removal->wait();  // an earlier removal may still hold leftovers we would remove
   auto* comm = s.control_comm();
   const int rank = s.spec->rank, world = s.spec->world;
   const auto storage = storage_maps();
@@ -125,7 +128,7 @@ ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOp
     nonce = checkpoint_support::nonce();
     error = attempt([&] {
       fs::create_directories(dir);
-      remove_leftovers(dir);
+      remove_leftovers(dir, s.removal->pending());
       for (const auto& f : layout.files)
         checkpoint::create_export_file((fs::path(dir) / temp_name(f.name, nonce)).string(), f, options.fill_for_testing);
     });

@@ -13,7 +13,8 @@
 //   async_save_total    until the asynchronous save is committed
 //   load_other load into an engine at --other-stage (another layout), pages dropped likewise
 // One JSON line each with seconds, MiB/s and ratio_to_raw (raw seconds / seconds; 1.0 = as fast as
-// raw I/O), plus peak RSS. Checkpoints go to --dir (use a real disk, not tmpfs).
+// raw I/O), plus peak RSS; the loads also give read_mib (bytes read, /proc/self/io) and
+// read_mib_per_s to set beside raw_read's mib_per_s. Checkpoints go to --dir (use a real disk, not tmpfs).
 // --consolidate build/tools/tessera: instead, rank 0 runs `tessera checkpoint consolidate` on the
 // first save (safetensors, then bin) under GNU time and reports its peak RSS against the largest tensor,
 // also above a baseline (the same executable inspecting that checkpoint): the bound is that tensor
@@ -88,6 +89,16 @@ std::vector<char> file_bytes_of(const std::string& path) {
   }
   ::close(fd);
   return out;
+}
+
+// Bytes this process has read through read/pread so far (/proc/self/io rchar): what a load reads.
+int64_t bytes_read_so_far() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (in >> key >> value)
+    if (key == "rchar:") return value;
+  return -1;
 }
 
 double raw_read(const std::string& path) {
@@ -243,6 +254,7 @@ int main(int argc, char** argv) {
   if (env.rank == 0) fs::remove_all(root);
   fs::create_directories(root);
   std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s, blocked_s, async_total_s;
+  int64_t load_read = 0, other_read = 0;  // bytes the last load of each kind read
   int64_t file_bytes = 0;
   const std::string raw_path = root + "/raw_rank" + std::to_string(env.rank);
   if (export_only) {
@@ -292,13 +304,17 @@ int main(int argc, char** argv) {
     }
     raw_r_s.push_back(raw_read(raw_now));
     drop_tree(root + "/bench");
+    auto read_before = bytes_read_so_far();
     auto t = Clock::now();
     engine->load_checkpoint(root, {"bench"});
     load_s.push_back(since(t));
+    load_read = bytes_read_so_far() - read_before;
     drop_tree(root + "/bench");
+    read_before = bytes_read_so_far();
     t = Clock::now();
     other->load_checkpoint(root, {"bench"});
     other_s.push_back(since(t));
+    other_read = bytes_read_so_far() - read_before;
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -309,20 +325,23 @@ int main(int argc, char** argv) {
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
   const double mb = double(file_bytes) / (1 << 20);
-  auto line = [&](const char* mode, double s, double raw) {
+  // read_bytes: what a load read (-1: not a load); a stage 0-2 load reads the whole weights, more
+  // than its own rank file, so read_mib_per_s is its throughput per byte actually read.
+  auto line = [&](const char* mode, double s, double raw, int64_t read_bytes = -1) {
+    const double read_mib = read_bytes < 0 ? -1 : double(read_bytes) / (1 << 20);
     std::printf("{\"bench\": \"checkpoint\", \"mode\": \"%s\", \"rank\": %d, \"world\": %d, \"stage\": %d, \"other_stage\": %d, "
                 "\"rank_file_mib\": %.1f, \"seconds\": %.4f, \"mib_per_s\": %.1f, \"ratio_to_raw\": %.3f, "
-                "\"peak_rss_mib\": %.0f, \"commit\": \"%s\"}\n",
-                mode, env.rank, env.world_size, stage, other_stage, mb, s, mb / s, raw / s, usage.ru_maxrss / 1024.0,
-                tessera::bench::commit().c_str());
+                "\"read_mib\": %.1f, \"read_mib_per_s\": %.1f, \"peak_rss_mib\": %.0f, \"commit\": \"%s\"}\n",
+                mode, env.rank, env.world_size, stage, other_stage, mb, s, mb / s, raw / s, read_mib,
+                read_bytes < 0 ? -1.0 : read_mib / s, usage.ru_maxrss / 1024.0, tessera::bench::commit().c_str());
   };
   line("raw_write", best_raw_w, best_raw_w);
   line("save", best_save, best_raw_w);
   line("async_save_blocked", median(blocked_s), best_save);  // ratio: sync save seconds / blocked seconds
   line("async_save_total", median(async_total_s), best_raw_w);
-  line("raw_read", best_raw_r, best_raw_r);
-  line("load", best_load, best_raw_r);
-  line("load_other_layout", best_other, best_load);  // ratio: same-layout load seconds / other-layout seconds
+  line("raw_read", best_raw_r, best_raw_r, file_bytes);
+  line("load", best_load, best_raw_r, load_read);
+  line("load_other_layout", best_other, best_load, other_read);  // ratio: same-layout load seconds / other-layout seconds
   if (env.rank == 0) fs::remove_all(root);
   return 0;
 }

@@ -88,11 +88,15 @@ std::string partial_dir(const std::string& root, const std::string& tag, const s
   return (fs::path(root) / ("." + tag + ".partial-" + nonce)).string();
 }
 
-void remove_partials(const std::string& root) {
+void remove_partials(const std::string& root, const std::set<std::string>& skip) {
+  std::set<std::string> skipped;
+  for (const auto& p : skip) skipped.insert(fs::path(p).lexically_normal().string());
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     const auto name = entry.path().filename().string();
-    if (name.size() > 1 && name[0] == '.' && name.find(".partial-") != std::string::npos) fs::remove_all(entry.path(), ec);
+    if (name.size() > 1 && name[0] == '.' && name.find(".partial-") != std::string::npos &&
+        !skipped.count(entry.path().lexically_normal().string()))
+      fs::remove_all(entry.path(), ec);
   }
 }
 

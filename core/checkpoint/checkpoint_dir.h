@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,8 +40,9 @@ class StreamHash {
 // A tag must be a plain directory name: no '/', not "." / "..", not starting with '.', printable.
 void check_tag(const std::string& tag);
 std::string partial_dir(const std::string& root, const std::string& tag, const std::string& nonce);
-// Removes leftovers of interrupted saves (DIR/.<anything>.partial-*); never a committed tag.
-void remove_partials(const std::string& root);
+// Removes leftovers of interrupted saves (DIR/.<anything>.partial-*); never a committed tag, and
+// not the paths in `skip` (replaced tags a BackgroundRemoval is removing already).
+void remove_partials(const std::string& root, const std::set<std::string>& skip = {});
 // Renames `partial` to root/tag as described above. An older root/tag is exchanged with it in one
 // step and left, out of sight, at `partial`'s path: returned for the caller to remove ("" if none).
 std::string commit_tag(const std::string& root, const std::string& partial, const std::string& tag);

@@ -13,8 +13,9 @@
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/deepspeed/ds_checkpoint.h"
 #include "core/checkpoint/manifest.h"
-#include "core/checkpoint/tensor_file_writer.h"
+#include "core/checkpoint/rank_file_writer.h"
 #include "core/checkpoint/staged_directory.h"
+#include "core/checkpoint/tensor_file_writer.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -42,35 +43,10 @@ std::vector<char> rounded(const std::vector<char>& f32, affine::DType to) {
   return out;
 }
 
-// One rank file: a safetensors header, then the buffers in order; hashed as written.
 RankFile write_rank_file(const std::string& path, int rank, const std::vector<FileBuffer>& buffers) {
-  std::vector<OutputTensor> tensors;
-  for (const auto& b : buffers)
-    tensors.push_back({b.key, b.dtype, affine::Dims{int64_t(b.bytes->size()) / affine::element_size(b.dtype)}});
-  const auto prefix = safetensors_prefix(
-      tensors, {{"format", "tessera.checkpoint.rank"}, {"rank", std::to_string(rank)}, {"source", "deepspeed"}});
-  OutputFile file(path);
-  StreamHash hash;
-  file.write(prefix.data(), prefix.size());
-  hash.update(prefix.data(), prefix.size());
-  RankFile entry;
-  entry.rank = rank;
-  entry.file = fs::path(path).filename().string();
-  int64_t offset = int64_t(prefix.size());
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    const auto& bytes = *buffers[i].bytes;
-    SavedBuffer b;
-    b.key = buffers[i].key, b.dtype = buffers[i].dtype, b.elements = tensors[i].shape.product();
-    b.data_offset = offset, b.chunk_bytes = kChunkBytes;
-    b.chunk_hashes = hash.update_chunked(bytes.data(), int64_t(bytes.size()), b.chunk_bytes);
-    file.write(bytes.data(), bytes.size());
-    offset += int64_t(bytes.size());
-    entry.buffers.push_back(std::move(b));
-  }
-  file.sync_and_close();
-  entry.bytes = offset;
-  entry.hash = hash.digest();
-  return entry;
+  std::vector<RankFileBuffer> out;
+  for (const auto& b : buffers) out.push_back({b.key, b.dtype, b.bytes->data(), int64_t(b.bytes->size())});
+  return checkpoint::write_rank_file(path, rank, out, {{"source", "deepspeed"}});
 }
 
 // Where the elements of parameter `index` of a flat group lie on each rank (ds_checkpoint.h).

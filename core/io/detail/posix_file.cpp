@@ -71,6 +71,10 @@ uint64_t ReadOnlyFile::size_bytes() const {
   return uint64_t(st.st_size);
 }
 
+void ReadOnlyFile::prefetch(uint64_t offset, uint64_t bytes) const {
+  if (fd_ >= 0 && bytes > 0) ::posix_fadvise(fd_, off_t(offset), off_t(bytes), POSIX_FADV_WILLNEED);
+}
+
 void ReadOnlyFile::pread_exact(void* destination, uint64_t bytes, uint64_t offset, const std::string& what) const {
   auto* out = static_cast<char*>(destination);
   uint64_t done = 0;

@@ -26,6 +26,9 @@ class ReadOnlyFile {
   // Reads exactly `bytes` bytes at `offset` into `destination`; CheckpointError "<path>: truncated:
   // ..." when the file ends first (`what` names the part being read).
   void pread_exact(void* destination, uint64_t bytes, uint64_t offset, const std::string& what) const;
+  // Asks the kernel to start reading [offset, offset + bytes) into the page cache and returns
+  // (posix_fadvise WILLNEED, a hint): the disk works while the caller hashes what came before.
+  void prefetch(uint64_t offset, uint64_t bytes) const;
   const std::string& path() const { return path_; }
 
  private:
