@@ -99,12 +99,22 @@ struct Stage3ShardState {
       f.headers = at::empty({int64_t(comm->size()) * 3}, mine.options());
       f.header_work = comm->all_gather(mine, f.headers);
     }
+    // The data moves only if every rank's header matched: ranks gathering different units would
+    // exchange buffers of different sizes, which Gloo answers by aborting the process.
+    transport::OpOptions guarded;
+    if (comm)
+      guarded.precondition = [headers = f.headers, expected = f.expected] {
+        auto h = headers.accessor<int64_t, 1>();
+        for (int64_t i = 0; i < headers.numel(); ++i)
+          if (h[i] != expected[size_t(i % 3)]) return std::string("the ranks gather different units (the header check says which)");
+        return std::string();
+      };
     for (const auto& [index, gathered] : targets) {
       const auto& s = plan().segments()[size_t(index)];
       const auto wire = exact ? spec->dtype : spec->gather_dtype(s.group);
       auto buffer = wire == gathered.scalar_type() ? gathered : at::empty({gathered.numel()}, gathered.options().dtype(wire));
       buffer.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel).copy_(params->piece(index));
-      if (comm) f.works.push_back(comm->all_gather_in_place(buffer));
+      if (comm) f.works.push_back(comm->all_gather_in_place(buffer, guarded));
       if (!buffer.is_same(gathered)) f.widen.emplace_back(buffer, gathered);
     }
     return f;

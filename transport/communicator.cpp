@@ -213,7 +213,11 @@ std::shared_ptr<Work> Communicator::issue(const char* op, const OpOptions& optio
   auto backend = backend_;
   auto recorder = recorder_;
   sequencer_->issue(state, [info, backend, recorder, run = std::move(run), keep = std::move(keep),
-                            op = std::string(op), t = state->timeout, producer](uint64_t sequence) {
+                            op = std::string(op), t = state->timeout, producer,
+                            precondition = options.precondition](uint64_t sequence) {
+    if (precondition)
+      if (const auto why = precondition(); !why.empty())
+        throw Error(info->where() + ": " + op + " #" + std::to_string(sequence) + " not run: " + why);
     recorder->begin(sequence, t);
     RunningOperation running([&info, &op, sequence] { return info->where() + ": " + op + " #" + std::to_string(sequence); });
     struct End {

@@ -75,6 +75,11 @@ struct OpOptions {
   // stream waits for it first. nullptr: the legacy default stream (LibTorch's default current
   // stream). Gloo ignores it.
   void* cuda_stream = nullptr;
+  // Run on the communicator's thread just before the operation (after every earlier one finished):
+  // a non-empty answer fails the operation with it, nothing sent. For a check on what an earlier
+  // operation delivered to every member (ZeRO-3's gather headers), so that all members skip alike
+  // instead of exchanging buffers of different sizes. Empty: no check.
+  std::function<std::string()> precondition;
 };
 struct ReduceOptions : OpOptions {
   ReduceOp op = ReduceOp::sum;

@@ -12,6 +12,7 @@
 #include "actors/engine/engine.h"
 #include "core/config/load.h"
 #include "core/error.h"
+#include "core/zero/leaf_modules.h"
 #include "core/zero/unit_hooks.h"
 #include "python/src/module_tree.h"
 #include "transport/launch_env.h"
@@ -55,7 +56,8 @@ class PyScope {
 std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::string, at::Tensor>>& parameters,
                                      const std::string& config_text, bool config_is_path,
                                      const std::vector<std::vector<std::string>>& group_names,
-                                     const std::vector<std::map<std::string, double>>& group_options) {
+                                     const std::vector<std::map<std::string, double>>& group_options,
+                                     const std::vector<std::string>& leaf_modules) {
   auto config = config_is_path ? config::load_config(config_text)
                                : config::load_config_text(config_text, config::Format::json, "the config dict");
   InitializeOptions options;
@@ -75,6 +77,7 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
   }
   auto out = std::make_shared<PyEngine>();
   out->tree = module_tree(parameters);
+  set_z3_leaf_modules_by_name(*out->tree, leaf_modules);  // marked in Python (tessera.utils), by name
   py::gil_scoped_release release;  // initialize is collective
   out->engine = tessera::initialize(out->tree, config, options).engine;
   for (const auto& item : out->tree->named_modules()) out->modules[item.key()] = item.value().get();
@@ -206,7 +209,10 @@ PYBIND11_MODULE(_tessera, m) {
       });
 
   m.def("initialize", &initialize_engine, py::arg("parameters"), py::arg("config"), py::arg("config_is_path"),
-        py::arg("group_names"), py::arg("group_options"));
+        py::arg("group_names"), py::arg("group_options"), py::arg("leaf_modules") = std::vector<std::string>{});
+  m.def("default_z3_leaf_classes", &default_z3_leaf_classes);
+  m.def("z3_class_matches", &z3_class_matches, py::arg("pattern"), py::arg("class_name"));
+  m.def("z3_suffix_matches", &z3_suffix_matches, py::arg("suffix"), py::arg("name"));
   m.def("launch_rank", [] { return transport::LaunchEnv::from_env().rank; });
   m.def("launch_world_size", [] { return transport::LaunchEnv::from_env().world_size; });
   m.attr("default_max_shard_bytes") = checkpoint::kDefaultMaxShardBytes;

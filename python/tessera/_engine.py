@@ -6,6 +6,7 @@ import torch
 
 from . import _tessera
 from ._zero3 import install_unit_hooks
+from .utils import leaf_module_names
 
 
 def _named_parameters(model):
@@ -229,7 +230,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                        f"scheduler in the config)")
     text, is_path = _config(args, config, config_params)
     group_names, group_options = _groups(model, model_parameters)
-    engine = TesseraEngine(model, _tessera.initialize(_named_parameters(model), text, is_path, group_names, group_options))
+    # Leaf modules by name: the engine's module tree is built from parameter names, so a leaf without parameters
+    # of its own subtree is no unit and is left out.
+    params = [name for name, _ in model.named_parameters()]
+    leaves = [n for n in leaf_module_names(model) if any(p.startswith(n + ".") for p in params)]
+    engine = TesseraEngine(model, _tessera.initialize(_named_parameters(model), text, is_path, group_names, group_options,
+                                                      leaves))
     if engine.zero_optimization_stage() == 3:
         engine._hooks = install_unit_hooks(model, engine._engine)
     by_name = dict(model.named_parameters())
