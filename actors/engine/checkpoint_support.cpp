@@ -1,11 +1,13 @@
 #include "actors/engine/checkpoint_support.h"
 
 #include <ATen/ATen.h>
+#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <chrono>
-#include <random>
 #include <cstring>
+#include <random>
+#include <set>
 
 #include "core/affine/serialize.h"
 #include "core/error.h"
@@ -70,6 +72,19 @@ checkpoint::RankAliases find_aliases(const EngineStorage& storage) {
 std::vector<checkpoint::EngineMap> engine_maps(const EngineStorage& storage) {
   std::vector<checkpoint::EngineMap> out;
   for (const auto& m : storage.maps) out.push_back({m.kind, m.buffer, m.map});
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> frozen_parameters(torch::nn::Module& module,
+                                                                  const std::vector<std::string>& stored) {
+  const std::set<std::string> names(stored.begin(), stored.end());
+  const auto params = module.named_parameters();
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& item : params)
+    if (names.count(item.key())) seen.insert(item.value().unsafeGetTensorImpl());
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : params)
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.emplace_back(item.key(), item.value());
   return out;
 }
 

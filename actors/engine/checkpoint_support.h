@@ -12,6 +12,10 @@
 #include "core/affine/dtype.h"
 #include "core/checkpoint/save_layout.h"
 
+namespace torch::nn {
+class Module;
+}
+
 namespace tessera {
 namespace transport {
 class Communicator;
@@ -33,6 +37,12 @@ std::string first_error(const std::vector<std::string>& errors);
 checkpoint::RankAliases find_aliases(const EngineStorage& storage);
 
 std::vector<checkpoint::EngineMap> engine_maps(const EngineStorage& storage);
+
+// The model's parameters the engine does not store (requires_grad false: frozen; whole on every
+// rank), in model order, each tensor once: `stored` names the engine's own (a tensor tied to one of
+// them is not frozen).
+std::vector<std::pair<std::string, at::Tensor>> frozen_parameters(torch::nn::Module& module,
+                                                                  const std::vector<std::string>& stored);
 
 }  // namespace checkpoint_support
 }  // namespace tessera

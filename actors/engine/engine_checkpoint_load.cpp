@@ -29,6 +29,7 @@
 #include "core/checkpoint/manifest.h"
 #include "core/io/detail/posix_file.h"
 #include "core/io/huge_page_buffer.h"
+#include "core/log/log.h"
 
 namespace fs = std::filesystem;
 
@@ -50,6 +51,8 @@ struct LoadPlan {
   std::vector<std::string> target_keys;            // the engine buffer each plan writes
   std::vector<std::map<int, std::string>> source_keys;  // per plan: file rank -> buffer key
   std::map<std::pair<int, std::string>, SourceBuffer> sources;
+  // Frozen parameters: the model's tensor and the source buffer (file rank, key) it is read from whole.
+  std::vector<std::pair<at::Tensor, std::pair<int, std::string>>> frozen;
 };
 
 void check_identity(const checkpoint::Manifest& m, const Engine::Impl& s, const std::string& where) {
@@ -125,6 +128,50 @@ LoadPlan plan_load(const checkpoint::Manifest& m, const EngineStorage& storage, 
     }
   }
   return out;
+}
+
+// The model's frozen parameters against the checkpoint's: each read whole from its file (every
+// chunk verified) and copied in with the buffers. One the model has and the checkpoint lacks, or the
+// other way round, or of another dtype or shape, is an error naming it; a checkpoint written before
+// frozen parameters were saved leaves the model's as they are, saying so.
+void plan_frozen(const checkpoint::Manifest& m, const Engine::Impl& s, LoadPlan& plan, const std::string& where) {
+  const auto mine = frozen_parameters(*s.module, s.names);
+  if (!m.frozen_recorded) {
+    if (!mine.empty() && s.spec->rank == 0)
+      log::warn(where + ": written before frozen parameters were saved; the model's " + std::to_string(mine.size()) +
+                " frozen parameter(s) (" + mine.front().first + ", ...) keep their values");
+    return;
+  }
+  std::map<std::string, const checkpoint::FrozenTensor*> saved;
+  for (const auto& f : m.frozen) saved[f.name] = &f;
+  for (const auto& [name, p] : mine) {
+    const auto it = saved.find(name);
+    if (it == saved.end())
+      throw CheckpointError(where + ": holds no frozen parameter '" + name + "' (requires_grad false in this model; "
+                            "saved from another model, or trained there?)");
+    const auto& f = *it->second;
+    const affine::Dims shape(p.sizes().vec());
+    if (f.dtype != affine_dtype(p.scalar_type()) || !(f.shape == shape))
+      throw CheckpointError(where + ": frozen parameter '" + name + "' is " + affine::dtype_name(f.dtype) + " " +
+                            affine::to_string(f.shape) + " there, " + affine::dtype_name(affine_dtype(p.scalar_type())) +
+                            " " + affine::to_string(shape) + " in this model");
+    auto& src = plan.sources[{f.file, f.buffer}];
+    src.file = &m.file_of_rank(f.file);
+    src.buffer = src.file->find(f.buffer);
+    const int64_t bytes = src.buffer->elements * affine::element_size(src.buffer->dtype);
+    for (int64_t c = 0; c * src.buffer->chunk_bytes < bytes; ++c) src.chunks.insert(c);
+    plan.frozen.push_back({p, {f.file, f.buffer}});
+    saved.erase(it);
+  }
+  if (!saved.empty())
+    throw CheckpointError(where + ": holds frozen parameter '" + saved.begin()->first +
+                          "', which this model does not have as a frozen parameter (another model?)");
+}
+
+// Copies the frozen parameters read (plan_frozen) into the model's tensors.
+void load_frozen(const LoadPlan& plan) {
+  c10::AutoGradMode no_grad(false);
+  for (const auto& [target, id] : plan.frozen) target.copy_(plan.sources.at(id).data.view(target.sizes()));
 }
 
 // Reads and verifies every chunk the plans touch, asking the kernel kReadAhead ahead within each
@@ -329,6 +376,7 @@ CheckpointLoaded Engine::load_checkpoint(const std::string& dir, const Checkpoin
     if (optimizer_states)  // every state this engine keeps must be there
       for (const auto& t : storage.maps) kinds.insert(t.kind);
     plan = plan_load(m, storage, kinds, rank, manifest_path);
+    plan_frozen(m, s, plan, manifest_path);
     read_sources(plan, loaded.path);
     loaded.client_state = m.client_state;
   } catch (const std::exception& e) {
@@ -341,6 +389,7 @@ CheckpointLoaded Engine::load_checkpoint(const std::string& dir, const Checkpoin
   if (s.stage3) s.stage3->release_all();  // no gathered copy outlives the partitions it came from
   execute(plan, storage, rank);
   zero_uncovered(plan, storage, rank);
+  load_frozen(plan);
   plan.sources.clear();
   // ZeRO-3: the weights' maps hold a persistent parameter whole in the gathered persistent segment
   // (loaded above), not its pieces in the partition: those come from the loaded copy, as a

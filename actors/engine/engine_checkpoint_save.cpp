@@ -140,8 +140,18 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
     auto view = t.reshape({t.numel()}).narrow(0, range->first, range->second - range->first);
     job.tensors.push_back({key, async ? s.writer->stage(key, view) : view});
   }
-  // What rank 0's manifest says besides the files and their maps.
+  // Frozen parameters, whole, in rank 0's file (every rank holds them alike).
   auto& m = job.manifest;
+  const auto frozen = frozen_parameters(*s.module, s.names);
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    const auto& [name, p] = frozen[i];
+    const std::string key = "frozen/" + std::to_string(i);
+    m.frozen.push_back({name, affine_dtype(p.scalar_type()), affine::Dims(p.sizes().vec()), 0, key});
+    if (job.rank != 0) continue;
+    const auto flat = p.detach().contiguous().reshape({p.numel()});
+    job.tensors.push_back({key, async ? s.writer->stage(key, flat) : flat});
+  }
+  // What rank 0's manifest says besides the files and their maps.
   m.tag = tag, m.world_size = job.world, m.stage = int(s.settings.stage);
   m.dtype = affine::dtype_name(affine_dtype(s.spec->dtype));
   auto params = s.module->named_parameters();

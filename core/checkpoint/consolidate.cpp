@@ -28,6 +28,20 @@ struct Item {
   affine::Plan plan;
 };
 
+// A frozen parameter as a map: its file's buffer holds it whole, flat (the output gets its shape).
+SavedMap frozen_map(const FrozenTensor& f) {
+  SavedMap saved;
+  saved.kind = "frozen";
+  saved.map.name = f.name, saved.map.dtype = f.dtype;
+  const int64_t n = f.shape.product();
+  saved.map.shape = affine::Dims{n};
+  auto& storage = saved.map.ranks[f.file];
+  storage.buffer_elements = n;
+  storage.pieces.push_back({affine::Box(affine::Dims{0}, affine::Dims{n}), 0, affine::Dims{1}, {f.file}});
+  saved.buffers[f.file] = f.buffer;
+  return saved;
+}
+
 std::string kinds_of(const Manifest& m) {
   std::string text;
   for (const auto& k : m.kinds) text += (text.empty() ? "" : ", ") + k;
@@ -87,7 +101,14 @@ ConsolidateReport consolidate(const std::string& dir, const std::string& out, co
   const auto where = (fs::path(report.tag_dir) / kManifestName).string();
   report.kind = choose_kind(manifest, where);
   SavedTensorReader reader(manifest, report.tag_dir);  // every file there, at its size
-  const auto items = plan_items(manifest, report.kind, reader, where);
+  auto items = plan_items(manifest, report.kind, reader, where);
+  std::vector<SavedMap> frozen;  // kept alive for the items pointing at them
+  frozen.reserve(manifest.frozen.size());
+  for (const auto& f : options.exclude_frozen_parameters ? std::vector<FrozenTensor>{} : manifest.frozen) {
+    frozen.push_back(frozen_map(f));
+    items.push_back({{f.name, f.dtype, f.shape}, &frozen.back(), reader.plan(frozen.back())});
+    ++report.frozen;
+  }
 
   std::vector<int64_t> sizes;
   std::vector<std::string> names;

@@ -5,6 +5,8 @@
 //
 // What is written: the "master" kind (the optimizer's fp32 copy; with fp32 training its maps point
 // into the weights), else the weights when they are fp32; a checkpoint with neither is refused.
+// Frozen parameters follow in their saved dtype, as zero_to_fp32 writes them (unless
+// exclude_frozen_parameters).
 // OUT is a new directory (or an empty one) holding
 //   safetensors: model.safetensors, or model-0000i-of-0000N.safetensors + model.safetensors.index.json
 //   pytorch_bin: pytorch_model.bin, or pytorch_model-0000i-of-0000N.bin + pytorch_model.bin.index.json
@@ -37,6 +39,7 @@ struct ConsolidateOptions {
   std::string tag;  // empty: DIR is a tag directory, or a root whose `latest` names the tag
   ConsolidateFormat format = ConsolidateFormat::safetensors;
   int64_t max_shard_bytes = kDefaultMaxShardBytes;
+  bool exclude_frozen_parameters = false;  // DeepSpeed's zero_to_fp32 option of that name
 };
 
 struct ConsolidateReport {
@@ -44,7 +47,8 @@ struct ConsolidateReport {
   std::string out_dir;
   std::string kind;                 // "master" or "param"
   std::vector<std::string> files;   // written into out_dir, the index last
-  int64_t tensors = 0;
+  int64_t tensors = 0;              // written, frozen ones included
+  int64_t frozen = 0;               // frozen parameters among them
   int64_t tensor_bytes = 0;         // of all tensors written
   int64_t largest_tensor_bytes = 0;
   int64_t bytes_read = 0;           // from the rank files (edge chunks count twice)

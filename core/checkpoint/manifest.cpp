@@ -146,6 +146,11 @@ std::string to_json(const Manifest& m) {
   for (const auto& p : m.parameters)
     params.push_back({{"name", p.name}, {"dtype", affine::dtype_name(p.dtype)}, {"shape", dims(p.shape)}});
   j["parameters"] = params;
+  json frozen = json::array();
+  for (const auto& f : m.frozen)
+    frozen.push_back({{"name", f.name}, {"dtype", affine::dtype_name(f.dtype)}, {"shape", dims(f.shape)},
+                      {"file", f.file}, {"buffer", f.buffer}});
+  j["frozen"] = frozen;
   j["kinds"] = m.kinds;
   json files = json::array();
   for (const auto& f : m.files) files.push_back(file_json(f));
@@ -202,6 +207,21 @@ Manifest manifest_from_json(const std::string& text, const std::string& where) {
       for (const auto& [rank, key] : s.at("buffers").items()) map.buffers[std::stoi(rank)] = key.get<std::string>();
       map.map = affine::map_from_json(s.at("map").dump());
       m.maps.push_back(std::move(map));
+    }
+    m.frozen_recorded = j.contains("frozen");
+    for (size_t i = 0; m.frozen_recorded && i < j.at("frozen").size(); ++i) {
+      at = "frozen[" + std::to_string(i) + "]";
+      const auto& f = j.at("frozen")[i];
+      FrozenTensor t{f.at("name").get<std::string>(), affine::parse_dtype(f.at("dtype").get<std::string>()),
+                     dims_from(f.at("shape")), f.at("file").get<int>(), f.at("buffer").get<std::string>()};
+      const RankFile* file = nullptr;
+      for (const auto& candidate : m.files)
+        if (candidate.rank == t.file) file = &candidate;
+      const SavedBuffer* b = file ? file->find(t.buffer) : nullptr;
+      if (!b || b->dtype != t.dtype || b->elements != t.shape.product())
+        throw std::invalid_argument("'" + t.name + "': no " + affine::dtype_name(t.dtype) + " buffer '" + t.buffer + "' of " +
+                                    std::to_string(t.shape.product()) + " elements in the file of rank " + std::to_string(t.file));
+      m.frozen.push_back(std::move(t));
     }
     at = "engine";
     m.engine = counters_from(j.at("engine"));

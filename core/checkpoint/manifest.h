@@ -60,6 +60,16 @@ struct ParameterInfo {
   affine::Dims shape;
 };
 
+// A frozen parameter (requires_grad false: not trained, not sharded, whole on every rank), saved
+// whole in one rank file as DeepSpeed keeps it in its module states, so that a load restores it.
+struct FrozenTensor {
+  std::string name;
+  affine::DType dtype = affine::DType::f32;
+  affine::Dims shape;
+  int file = 0;        // the file rank holding it
+  std::string buffer;  // its buffer there ("frozen/<i>")
+};
+
 // The engine's counters, enough to continue bit for bit.
 struct EngineCounters {
   int64_t global_steps = 0;
@@ -79,6 +89,8 @@ struct Manifest {
   int tp_size = 1;             // tensor-parallel size (1 until tensor parallelism lands)
   std::string dtype;           // the weights' dtype ("f32", "bf16", "f16")
   std::vector<ParameterInfo> parameters;  // trainable parameters, model order
+  std::vector<FrozenTensor> frozen;       // frozen parameters, model order
+  bool frozen_recorded = true;            // false: a manifest from before frozen parameters were saved
   std::vector<std::string> kinds;         // every stored kind: "param", "master", states...
   std::vector<RankFile> files;
   std::vector<SavedMap> maps;

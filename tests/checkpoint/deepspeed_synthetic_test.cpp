@@ -11,7 +11,10 @@
 //   z1_fp16_dynamic     fp16 ZeRO-1, 2 ranks, a DynamicLossScaler (scale, iteration, last overflow,
 //                       hysteresis) after 2 skipped steps of 7, padding on the last rank
 //   z3_bf16_subgroups   bf16 ZeRO-3, 2 ranks, two groups, three sub-groups, per-tensor padding
-//   z2_bf16_frozen      the first with a frozen parameter: refused, naming it; nothing written
+//   z2_bf16_frozen      the first with a frozen parameter: imported whole into rank 0's file
+//   z3_bf16_frozen      bf16 ZeRO-3, 2 ranks, two frozen parameters whose partitions (one padded)
+//                       lie in both ranks' model-states files
+// Frozen parameters are compared with the generator's whole tensors too.
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/checkpoint/consolidate.h"
 #include "core/checkpoint/deepspeed/import.h"
 #include "core/checkpoint/manifest.h"
 #include "core/checkpoint/saved_tensor_reader.h"
@@ -92,6 +96,18 @@ void check_counters(const ck::Manifest& m, const json& c) {
   CHECK(m.engine.loss_scaler.skipped_steps == c["skipped_steps"].get<int64_t>());
 }
 
+// The bytes of tensor `name` in a safetensors file (its header read here, not by tessera's reader).
+std::string safetensors_bytes(const fs::path& path, const std::string& name) {
+  const auto all = file_bytes(path);
+  uint64_t n = 0;
+  std::memcpy(&n, all.data(), 8);
+  const auto header = json::parse(all.substr(8, size_t(n)));
+  INFO(path << " tensor " << name);
+  REQUIRE(header.contains(name));
+  const auto offsets = header[name]["data_offsets"];
+  return all.substr(size_t(8 + n + offsets[0].get<uint64_t>()), size_t(offsets[1].get<uint64_t>() - offsets[0].get<uint64_t>()));
+}
+
 // Imports the case, verifies it, and compares every stored tensor with the generator's.
 void check_case(const std::string& name) {
   const auto dir = generated(name);
@@ -117,6 +133,33 @@ void check_case(const std::string& name) {
   }
   const int n = int(c["parameters"].size());
   CHECK(compared == std::map<std::string, int>{{"param", n}, {"master", n}, {"exp_avg", n}, {"exp_avg_sq", n}});
+  // Frozen parameters: whole in rank 0's file, bitwise the generator's (ZeRO-3: partitions merged).
+  std::vector<std::string> frozen;
+  for (const auto& f : m.frozen) {
+    INFO("frozen " << f.name);
+    frozen.push_back(f.name);
+    CHECK(f.file == 0);
+    const auto& buffer = *m.file_of_rank(0).find(f.buffer);
+    const auto bytes = file_bytes(fs::path(tag_dir) / m.file_of_rank(0).file)
+                           .substr(size_t(buffer.data_offset), size_t(buffer.elements * tessera::affine::element_size(buffer.dtype)));
+    CHECK(tessera::affine::dtype_name(f.dtype) == c["dtype"].get<std::string>());
+    CHECK(bytes == file_bytes(dir / "expected" / (f.name + ".frozen")));
+  }
+  CHECK(frozen == c["frozen"].get<std::vector<std::string>>());
+  if (!frozen.empty()) {  // consolidation (zero_to_fp32) writes them too, in their dtype, unless excluded
+    const auto whole = scratch(name + "_consolidated");
+    ck::consolidate(tag_dir, whole.string());
+    for (const auto& f : frozen)
+      CHECK(safetensors_bytes(whole / "model.safetensors", f) == file_bytes(dir / "expected" / (f + ".frozen")));
+    CHECK(safetensors_bytes(whole / "model.safetensors", m.parameters[0].name) ==
+          file_bytes(dir / "expected" / (m.parameters[0].name + ".master")));
+    const auto without = scratch(name + "_without_frozen");
+    ck::ConsolidateOptions options;
+    options.exclude_frozen_parameters = true;
+    CHECK(ck::consolidate(tag_dir, without.string(), options).tensors == int64_t(m.parameters.size()));
+    fs::remove_all(whole);
+    fs::remove_all(without);
+  }
   fs::remove_all(out);
 }
 
@@ -136,12 +179,12 @@ TEST_CASE("Synthetic bf16 ZeRO-3: 2 groups in 3 sub-groups, padded shares, tenso
   check_case("z3_bf16_subgroups");
 }
 
-TEST_CASE("Frozen parameters are refused naming them and the file, and OUT is never written", "[deepspeed][synthetic]") {
-  const auto dir = generated("z2_bf16_frozen");
-  const auto out = scratch("frozen");
-  CHECK_THROWS_WITH(ck::deepspeed::import_deepspeed((dir / "ckpt").string(), out.string()),
-                    Catch::Contains("mp_rank_00_model_states.pt") && Catch::Contains("frozen.weight") &&
-                        Catch::Contains("frozen parameter"));
-  CHECK_THROWS_AS(ck::deepspeed::import_deepspeed((dir / "ckpt").string(), out.string()), tessera::CheckpointError);
-  CHECK_FALSE(fs::exists(out));
+TEST_CASE("Synthetic bf16 ZeRO-2 with a frozen parameter: imported whole beside the trainable ones",
+          "[deepspeed][synthetic]") {
+  check_case("z2_bf16_frozen");
+}
+
+TEST_CASE("Synthetic bf16 ZeRO-3 with frozen parameters: each rank's partition merged, padding dropped",
+          "[deepspeed][synthetic]") {
+  check_case("z3_bf16_frozen");
 }

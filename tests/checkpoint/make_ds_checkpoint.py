@@ -109,11 +109,15 @@ CASES = {
                               sub_group_size=10,
                               params=[("c.weight", (3, 5), 0), ("c.bias", (3,), 0), ("d.weight", (4, 3), 0),
                                       ("e.weight", (7,), 1)]),
-    # z2_bf16_w3_groups with a frozen parameter (requires_grad False): the import must refuse it.
+    # z2_bf16_w3_groups with a frozen parameter (requires_grad False): imported whole.
     "z2_bf16_frozen": dict(stage=2, world=3, dtype=torch.bfloat16, lrs=[1e-3, 5e-4], steps=(6, 0), gas=2,
                            frozen=[("frozen.weight", (2, 2))],
                            params=[("a.weight", (5, 7), 0), ("a.bias", (5,), 1), ("b.weight", (3, 5), 0),
                                    ("b.bias", (4,), 1)]),
+    # bf16 ZeRO-3, 2 ranks, two frozen parameters (15 elements: shares of 8, the last padded; 4: shares of 2).
+    "z3_bf16_frozen": dict(stage=3, world=2, dtype=torch.bfloat16, lrs=[2e-4], steps=(3, 0), gas=1, sub_group_size=10,
+                           frozen=[("emb.weight", (3, 5)), ("norm.weight", (4,))],
+                           params=[("c.weight", (3, 5), 0), ("c.bias", (3,), 0)]),
 }
 
 
@@ -172,7 +176,7 @@ def model_states(case, module, param_shapes, frozen_fragments):
         ("ds_version", "0.14.5")])
 
 
-def write_zero12(case, tensors, tag_dir, gen):
+def write_zero12(case, tensors, frozen_tensors, tag_dir):
     W, dtype = case["world"], case["dtype"]
     groups = [[(n, s) for n, s, g in case["params"] if g == i] for i in range(len(case["lrs"]))]
     flats16, flats = [], []  # per group: the padded 16-bit flat buffer; per kind the padded fp32 flat
@@ -197,8 +201,8 @@ def write_zero12(case, tensors, tag_dir, gen):
         module[name] = flats16[g].narrow(0, offset, numel(shape)).view(shape)
     fragments = OD()
     for name, shape in case.get("frozen", []):
-        module[name] = torch.randn(shape, generator=gen).to(dtype)
-        fragments[name] = module[name].detach().flatten().clone()
+        module[name] = frozen_tensors[name]
+        fragments[name] = module[name].detach().clone()  # whole, in its shape (DeepSpeed keeps the parameter)
     param_shapes = [OD((n, torch.Size(s)) for n, s in members) for members in groups]
     torch.save(model_states(case, module, param_shapes, fragments), os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
     prefix = "bf16_" if dtype == torch.bfloat16 else ""
@@ -244,13 +248,20 @@ def sub_groups(case):
     return out
 
 
-def write_zero3(case, tensors, tag_dir):
+def write_zero3(case, tensors, frozen_tensors, tag_dir):
     W, dtype, subs = case["world"], case["dtype"], sub_groups(case)
     param_shapes = [OD((n, torch.Size(s)) for n, s in members) for _, members in subs]
     prefix = "bf16_" if dtype == torch.bfloat16 else ""
     for r in range(W):
         module = OD((n, torch.empty(0, dtype=dtype)) for n, _, _ in case["params"])  # partitioned away
-        torch.save(model_states(case, module, param_shapes, OD()),
+        fragments = OD()  # frozen parameters: this rank's share of ceil(numel / W), zero-padded (ds_tensor)
+        for name, shape in case.get("frozen", []):
+            share = -(-numel(shape) // W)
+            padded = torch.zeros(share * W, dtype=dtype)
+            padded[:numel(shape)] = frozen_tensors[name].flatten()
+            module[name] = torch.empty(0, dtype=dtype)
+            fragments[name] = padded[r * share:(r + 1) * share].clone()
+        torch.save(model_states(case, module, param_shapes, fragments),
                    os.path.join(tag_dir, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt"))
         flats, state = [], {}
         for i, (_, members) in enumerate(subs):
@@ -277,8 +288,11 @@ def raw(t):
     return (t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t).numpy().tobytes()
 
 
-def write_expected(case, tensors, out):
+def write_expected(case, tensors, frozen_tensors, out):
     os.makedirs(out)
+    for name, t in frozen_tensors.items():
+        with open(os.path.join(out, f"{name}.frozen"), "wb") as f:
+            f.write(raw(t))
     for name, _, _ in case["params"]:
         for k, t in tensors[name].items():
             with open(os.path.join(out, f"{name}.{k}"), "wb") as f:
@@ -305,16 +319,17 @@ def main(out_dir):
     for i, (name, case) in enumerate(CASES.items()):
         gen = torch.Generator().manual_seed(4321 + i)
         tensors = full_tensors(case, gen)
+        frozen_tensors = {n: torch.randn(shape, generator=gen).to(case["dtype"]) for n, shape in case.get("frozen", [])}
         tag = f"global_step{case['steps'][0]}"
         ckpt = os.path.join(out_dir, name, "ckpt")
         os.makedirs(os.path.join(ckpt, tag))
         with open(os.path.join(ckpt, "latest"), "w") as f:
             f.write(tag)
         if case["stage"] == 3:
-            write_zero3(case, tensors, os.path.join(ckpt, tag))
+            write_zero3(case, tensors, frozen_tensors, os.path.join(ckpt, tag))
         else:
-            write_zero12(case, tensors, os.path.join(ckpt, tag), gen)
-        write_expected(case, tensors, os.path.join(out_dir, name, "expected"))
+            write_zero12(case, tensors, frozen_tensors, os.path.join(ckpt, tag))
+        write_expected(case, tensors, frozen_tensors, os.path.join(out_dir, name, "expected"))
 
 
 if __name__ == "__main__":

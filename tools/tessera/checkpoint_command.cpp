@@ -47,6 +47,7 @@ void run_verify(const std::string& dir) {
 struct ConsolidateArgs {
   std::string dir, out, tag, format = "safetensors";
   int64_t max_shard_bytes = ck::kDefaultMaxShardBytes;
+  bool exclude_frozen_parameters = ck::ConsolidateOptions{}.exclude_frozen_parameters;
 };
 
 void run_consolidate(const ConsolidateArgs& a) {
@@ -54,8 +55,10 @@ void run_consolidate(const ConsolidateArgs& a) {
   options.tag = a.tag;
   options.format = ck::parse_consolidate_format(a.format);
   options.max_shard_bytes = a.max_shard_bytes;
+  options.exclude_frozen_parameters = a.exclude_frozen_parameters;
   const auto report = ck::consolidate(a.dir, a.out, options);
-  std::cout << report.tag_dir << ": " << report.tensors << " tensors (" << report.kind << ", f32), " << report.tensor_bytes
+  std::cout << report.tag_dir << ": " << report.tensors << " tensors (" << report.kind << ", f32)"
+            << (report.frozen ? " and " + std::to_string(report.frozen) + " frozen (their dtype)" : std::string()) << ", " << report.tensor_bytes
             << " bytes, largest " << report.largest_tensor_bytes << "; " << report.bytes_read
             << " bytes read and verified\n";
   for (const auto& f : report.files) std::cout << "  " << (fs::path(report.out_dir) / f).string() << "\n";
@@ -71,6 +74,8 @@ void add_consolidate(CLI::App& checkpoint) {
   c->add_option("--format", args->format, "safetensors (default) or bin")->check(CLI::IsMember({"safetensors", "bin"}));
   c->add_option("--max-shard-bytes", args->max_shard_bytes, "shard above this many bytes (default 5e9, as transformers)")
       ->check(CLI::PositiveNumber);
+  c->add_flag("--exclude-frozen-parameters", args->exclude_frozen_parameters,
+              "leave out the frozen parameters (written by default in their saved dtype, as zero_to_fp32 does)");
   c->callback([args] { run_consolidate(*args); });
 }
 

@@ -70,32 +70,68 @@ json to_json(const PickleValue& v) {
 
 int64_t dim_of(const PickleValue& d, const std::string& where) { return d.as_int(where); }
 
-// A tessera checkpoint holds the trainable parameters only, and the engine trains every parameter
-// it is given: frozen ones (requires_grad false in DeepSpeed) have no place to go, so they are
-// refused by name rather than dropped.
-void refuse_frozen(const PickleValue& root, const std::string& path) {
-  std::vector<std::string> names;
-  for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"}) {
-    const auto* frozen = root.find(key);
-    if (!frozen || frozen->is_none()) continue;
-    if (frozen->kind != PickleKind::dict) throw CheckpointError(path + ": " + key + " is a " + kind_name(frozen->kind));
-    for (const auto& entry : frozen->entries) {
-      const auto& name = entry.first->as_string(path + " " + key);
-      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
-    }
+// A dict entry of the model-states file that may be absent or None (older files, nothing frozen).
+const PickleValue* optional_dict(const PickleValue& root, const char* key, const std::string& path) {
+  const auto* v = root.find(key);
+  if (!v || v->is_none()) return nullptr;
+  if (v->kind != PickleKind::dict) throw CheckpointError(path + ": " + key + " is a " + kind_name(v->kind));
+  return v;
+}
+
+// Frozen parameters' names and shapes (frozen_param_shapes); their bytes come from the fragments.
+void read_frozen_shapes(DsCheckpoint& ds, const PickleValue& root, const std::string& path) {
+  const auto* shapes = optional_dict(root, "frozen_param_shapes", path);
+  if (!shapes) return;
+  for (const auto& [name, shape] : shapes->entries) {
+    DsFrozen f;
+    f.name = name->as_string(path + " frozen_param_shapes");
+    for (const auto& d : shape->as_sequence(path + " frozen_param_shapes '" + f.name + "'")) f.shape.push_back(dim_of(*d, path));
+    ds.frozen.push_back(std::move(f));
   }
-  if (names.empty()) return;
-  std::string list;
-  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-  throw CheckpointError(path + ": " + std::to_string(names.size()) + " frozen parameter(s) (frozen_param_shapes): " + list +
-                        "; a tessera checkpoint holds trainable parameters only, so this import refuses them");
+}
+
+// Appends one file's fragments of the frozen parameters (ZeRO-1/2: the whole tensors; ZeRO-3: this
+// rank's partitions), checking dtypes agree.
+void read_frozen_fragments(DsCheckpoint& ds, const TorchArchive& a, const std::string& path) {
+  if (ds.frozen.empty()) return;
+  const auto* fragments = optional_dict(a.root(), "frozen_param_fragments", path);
+  if (!fragments) throw CheckpointError(path + ": frozen_param_shapes lists frozen parameters, frozen_param_fragments is missing");
+  for (auto& f : ds.frozen) {
+    const PickleValue* found = nullptr;
+    for (const auto& [name, t] : fragments->entries)
+      if (name->as_string(path) == f.name) found = t.get();
+    if (!found) throw CheckpointError(path + ": frozen parameter '" + f.name + "' has no entry in frozen_param_fragments");
+    const auto& ref = found->as_tensor(path + " frozen_param_fragments '" + f.name + "'");
+    if (!f.bytes.empty() && ref.storage.dtype != f.dtype)
+      throw CheckpointError(path + ": frozen parameter '" + f.name + "' is " + affine::dtype_name(ref.storage.dtype) +
+                            " here, " + affine::dtype_name(f.dtype) + " in the files before");
+    f.dtype = ref.storage.dtype;
+    const auto bytes = a.read(ref, "frozen parameter '" + f.name + "'");
+    f.bytes.insert(f.bytes.end(), bytes.begin(), bytes.end());
+  }
+}
+
+// Each frozen parameter's bytes cut to its shape (ZeRO-3: the partitions' padding dropped); a
+// fragment too short (or, ZeRO-1/2, of another size) is an error naming it.
+void finish_frozen(DsCheckpoint& ds, const std::string& path) {
+  for (auto& f : ds.frozen) {
+    int64_t n = 1;
+    for (auto d : f.shape) n *= d;
+    const auto want = size_t(n * affine::element_size(f.dtype));
+    const bool exact = ds.layout == DsLayout::zero12;
+    if (f.bytes.size() < want || (exact && f.bytes.size() != want))
+      throw CheckpointError(path + ": frozen parameter '" + f.name + "' has " + std::to_string(f.bytes.size()) +
+                            " bytes of fragments, its shape needs " + std::to_string(want));
+    f.bytes.resize(want);
+  }
 }
 
 // What the model-states file says: names, shapes, dtype, counters, config.
 void read_model_states(DsCheckpoint& ds, const std::string& path) {
   TorchArchive a(path);
   const auto& root = a.root();
-  refuse_frozen(root, path);
+  read_frozen_shapes(ds, root, path);
+  read_frozen_fragments(ds, a, path);  // ZeRO-3: rank 0's partitions (the other ranks' follow)
   ds.world = int(root.at("dp_world_size", path).as_int(path));
   if (const auto* mp = root.find("mp_world_size"); mp && mp->as_int(path) != 1)
     throw CheckpointError(path + ": saved at model-parallel size " + std::to_string(mp->as_int(path)) +
@@ -122,7 +158,7 @@ void read_model_states(DsCheckpoint& ds, const std::string& path) {
   }
   bool dtype_known = false;
   for (const auto& [name, t] : root.at("module", path).entries) {
-    if (!trainable.count(name->as_string(path))) continue;  // buffers (frozen weights were refused above)
+    if (!trainable.count(name->as_string(path))) continue;  // buffers and frozen weights
     ds.parameter_order.push_back(name->text);
     const auto dtype = t->as_tensor(path + " module '" + name->text + "'").storage.dtype;
     if (dtype_known && dtype != ds.dtype)
@@ -339,6 +375,13 @@ DsCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std::string
                           "(not a DeepSpeed checkpoint tag)");
   ds.layout = fs::path(model).filename().string().rfind("zero_pp_rank_", 0) == 0 ? DsLayout::zero3 : DsLayout::zero12;
   read_model_states(ds, model);
+  for (int r = 1; ds.layout == DsLayout::zero3 && !ds.frozen.empty() && r < ds.world; ++r) {
+    const auto path = (tag_dir / ("zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_model_states.pt")).string();
+    if (!fs::is_regular_file(path))
+      throw CheckpointError(path + ": missing (it holds rank " + std::to_string(r) + "'s partition of the frozen parameters)");
+    read_frozen_fragments(ds, TorchArchive(path), path);
+  }
+  finish_frozen(ds, model);
   if (is_universal_tag(ds.tag_dir)) {
     read_universal(ds);
     return ds;

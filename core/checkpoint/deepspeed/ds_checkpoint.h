@@ -14,8 +14,10 @@
 // directory holds the model-states file and zero/: optimizer_state.pt (loss scaler, zero_stage,
 // param_groups) and per parameter zero/<name>/fp32.pt, <state>.pt, step.pt, each a full tensor;
 // read by universal_checkpoint.h into the flat layout its stage implies (universal_checkpoint.h).
-// Frozen parameters (frozen_param_shapes) are refused, naming them: a tessera checkpoint holds the
-// trainable parameters only.
+// Frozen parameters (requires_grad false: frozen_param_shapes, frozen_param_fragments) are read
+// whole: ZeRO-1/2 keep each whole in the model-states file; ZeRO-3 keeps each rank's partition of
+// ceil(numel / W) elements in that rank's model-states file (concatenated in rank order, cut to
+// numel, as DeepSpeed's zero_to_fp32 merges them).
 //
 // Example (the fixture z1_fp32: 2 ranks, 21,648 fp32 elements in one group): P = 10,824; rank 1's
 // partition starts inside 0.weight (element 10,824 of 16,384), then holds everything after it.
@@ -44,6 +46,14 @@ struct DsFlatGroup {
   int64_t rank_elements(int rank) const { return int64_t(master.at(size_t(rank)).size() / 4); }
 };
 
+// A frozen parameter, whole, in its saved dtype.
+struct DsFrozen {
+  std::string name;
+  affine::DType dtype = affine::DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<char> bytes;
+};
+
 enum class DsLayout { zero12, zero3 };
 
 struct DsLossScaler {
@@ -63,6 +73,7 @@ struct DsCheckpoint {
   DsLayout layout = DsLayout::zero12;
   affine::DType dtype = affine::DType::f32;        // the module's weights (bf16, f16: fp32 masters beside them)
   std::vector<std::string> parameter_order;        // trainable parameters in model order
+  std::vector<DsFrozen> frozen;                    // frozen parameters, in frozen_param_shapes order
   std::vector<DsFlatGroup> groups;                 // ZeRO-1/2: one per param group; ZeRO-3: one
   std::vector<std::string> state_names;            // e.g. exp_avg, exp_avg_sq
   int64_t global_steps = 0, skipped_steps = 0, global_samples = 0;

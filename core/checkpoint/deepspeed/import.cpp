@@ -106,6 +106,9 @@ Manifest manifest_of(const DsCheckpoint& ds) {
     for (const auto& p : g.parameters) by_name[p.name] = &p;
   for (const auto& name : ds.parameter_order)
     m.parameters.push_back({name, ds.dtype, affine::Dims(by_name.at(name)->shape)});
+  for (size_t i = 0; i < ds.frozen.size(); ++i)  // whole, in rank 0's file (import_deepspeed writes them there)
+    m.frozen.push_back({ds.frozen[i].name, ds.frozen[i].dtype, affine::Dims(ds.frozen[i].shape), 0,
+                        "frozen/" + std::to_string(i)});
   m.kinds = {"param", "master"};
   m.kinds.insert(m.kinds.end(), ds.state_names.begin(), ds.state_names.end());
   auto& c = m.engine;
@@ -152,6 +155,8 @@ ImportReport import_deepspeed(const std::string& ds_dir, const std::string& out,
       weights16.push_back(rounded(group.master[size_t(r)], ds.dtype));
       buffers.push_back({"param" + suffix, ds.dtype, &weights16.back()});
     }
+    for (size_t i = 0; r == 0 && i < ds.frozen.size(); ++i)
+      buffers.push_back({manifest.frozen[i].buffer, ds.frozen[i].dtype, &ds.frozen[i].bytes});
     manifest.files.push_back(write_rank_file((tag_dir / ("rank" + std::to_string(r) + ".safetensors")).string(), r, buffers));
     report.bytes_written += manifest.files.back().bytes;
   }
