@@ -12,6 +12,7 @@ import sys
 import torch
 
 import tessera
+from pytorch_oracle import train_averaged
 
 STEPS, BATCH, LR, DECAY = 30, 8, 3e-3, 0.01
 rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
@@ -36,19 +37,8 @@ def loss_of(model, step, r):
 
 def oracle(lr=LR):
     model = model_of()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=DECAY)
-    params = list(model.parameters())
-    for step in range(STEPS):
-        sums = None
-        for r in range(world):
-            opt.zero_grad(set_to_none=True)
-            loss_of(model, step, r).backward()
-            grads = [p.grad.clone() for p in params]
-            sums = grads if sums is None else [s.add_(g) for s, g in zip(sums, grads)]
-        for p, s in zip(params, sums):
-            p.grad = s.div_(world)
-        opt.step()
-    return [p.detach().clone() for p in params]
+    adamw = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=DECAY)
+    return train_averaged(model, adamw, loss_of, STEPS, world)
 
 
 def config(stage):

@@ -11,6 +11,7 @@ import sys
 import torch
 
 import tessera
+from pytorch_oracle import train_averaged
 
 STEPS, BATCH, LR = 8, 4, 1e-2
 rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
@@ -57,19 +58,7 @@ def loss_of(model, step, r):
 
 def oracle(lr=LR):
     model = model_of()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    params = list(model.parameters())
-    for step in range(STEPS):
-        sums = None
-        for r in range(world):
-            opt.zero_grad(set_to_none=True)
-            loss_of(model, step, r).backward()
-            grads = [p.grad.clone() for p in params]
-            sums = grads if sums is None else [s.add_(g) for s, g in zip(sums, grads)]
-        for p, s in zip(params, sums):
-            p.grad = s.div_(world)
-        opt.step()
-    return [p.detach().clone() for p in params]
+    return train_averaged(model, torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0), loss_of, STEPS, world)
 
 
 config = {"train_micro_batch_size_per_gpu": BATCH,
