@@ -104,10 +104,8 @@ struct Stage3ShardState {
     transport::OpOptions guarded;
     if (comm)
       guarded.precondition = [headers = f.headers, expected = f.expected] {
-        auto h = headers.accessor<int64_t, 1>();
-        for (int64_t i = 0; i < headers.numel(); ++i)
-          if (h[i] != expected[size_t(i % 3)]) return std::string("the ranks gather different units (the header check says which)");
-        return std::string();
+        return headers_match(headers, expected) ? std::string()
+                                                : std::string("the ranks gather different units (the header check says which)");
       };
     for (const auto& [index, gathered] : targets) {
       const auto& s = plan().segments()[size_t(index)];
@@ -120,12 +118,17 @@ struct Stage3ShardState {
     return f;
   }
 
+  // Whether every rank's header (all-gathered, 3 numbers each) is `expected`.
+  static bool headers_match(const at::Tensor& headers, const std::vector<int64_t>& expected) {
+    auto h = headers.accessor<int64_t, 1>();
+    for (int64_t i = 0; i < headers.numel(); ++i)
+      if (h[i] != expected[size_t(i % 3)]) return false;
+    return true;
+  }
+
   void check(const Inflight& f) const {
+    if (headers_match(f.headers, f.expected)) return;
     auto h = f.headers.accessor<int64_t, 1>();
-    bool same = true;
-    for (int r = 0; r < comm->size(); ++r)
-      for (int k = 0; k < 3; ++k) same = same && h[r * 3 + k] == f.expected[size_t(k)];
-    if (same) return;
     bool writebacks = true;
     std::string roots;
     for (int r = 0; r < comm->size(); ++r) {

@@ -44,16 +44,6 @@ StreamHash::StreamHash() : state_(XXH3_createState()) {
 }
 StreamHash::~StreamHash() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
 void StreamHash::update(const void* data, size_t bytes) { XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes); }
-std::vector<uint64_t> StreamHash::update_chunked(const void* data, int64_t bytes, int64_t chunk_bytes) {
-  std::vector<uint64_t> out;
-  const auto* p = static_cast<const char*>(data);
-  for (int64_t at = 0; at < bytes; at += chunk_bytes) {
-    const auto n = size_t(std::min(chunk_bytes, bytes - at));
-    out.push_back(xxh3(p + at, n));
-    update(p + at, n);
-  }
-  return out;
-}
 uint64_t StreamHash::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
 
 uint64_t hash_file(const std::string& path) {

@@ -21,8 +21,7 @@ std::vector<uint64_t> chunk_hashes(const void* data, int64_t bytes, int64_t chun
 uint64_t hash_file(const std::string& path);
 
 // XXH3-64 of bytes given in order: a file's hash from the bytes its writer wrote, without reading
-// it back. update_chunked also returns the region's per-chunk hashes (each chunk is hashed twice
-// while it is in cache: one pass over memory for both).
+// it back (rank_file_writer.h also hashes each chunk alone while it is in cache).
 class StreamHash {
  public:
   StreamHash();
@@ -30,7 +29,6 @@ class StreamHash {
   StreamHash(const StreamHash&) = delete;
   StreamHash& operator=(const StreamHash&) = delete;
   void update(const void* data, size_t bytes);
-  std::vector<uint64_t> update_chunked(const void* data, int64_t bytes, int64_t chunk_bytes = kChunkBytes);
   uint64_t digest() const;
 
  private:

@@ -104,7 +104,8 @@ ConsolidateReport consolidate(const std::string& dir, const std::string& out, co
   auto items = plan_items(manifest, report.kind, reader, where);
   std::vector<SavedMap> frozen;  // kept alive for the items pointing at them
   frozen.reserve(manifest.frozen.size());
-  for (const auto& f : options.exclude_frozen_parameters ? std::vector<FrozenTensor>{} : manifest.frozen) {
+  for (size_t i = 0; i < manifest.frozen.size() && !options.exclude_frozen_parameters; ++i) {
+    const auto& f = manifest.frozen[i];
     frozen.push_back(frozen_map(f));
     items.push_back({{f.name, f.dtype, f.shape}, &frozen.back(), reader.plan(frozen.back())});
     ++report.frozen;

@@ -23,12 +23,6 @@ namespace fs = std::filesystem;
 namespace tessera::checkpoint::deepspeed {
 namespace {
 
-struct FileBuffer {
-  std::string key;
-  affine::DType dtype = affine::DType::f32;
-  const std::vector<char>* bytes = nullptr;
-};
-
 // fp32 masters rounded to the weights' dtype, as torch's copy_ rounds (to nearest even).
 std::vector<char> rounded(const std::vector<char>& f32, affine::DType to) {
   const size_t n = f32.size() / 4;
@@ -43,10 +37,9 @@ std::vector<char> rounded(const std::vector<char>& f32, affine::DType to) {
   return out;
 }
 
-RankFile write_rank_file(const std::string& path, int rank, const std::vector<FileBuffer>& buffers) {
-  std::vector<RankFileBuffer> out;
-  for (const auto& b : buffers) out.push_back({b.key, b.dtype, b.bytes->data(), int64_t(b.bytes->size())});
-  return checkpoint::write_rank_file(path, rank, out, {{"source", "deepspeed"}});
+// A rank-file buffer over bytes held here (alive until the file is written).
+RankFileBuffer bytes_of(std::string key, affine::DType dtype, const std::vector<char>& bytes) {
+  return {std::move(key), dtype, bytes.data(), int64_t(bytes.size())};
 }
 
 // Where the elements of parameter `index` of a flat group lie on each rank (ds_checkpoint.h).
@@ -145,19 +138,21 @@ ImportReport import_deepspeed(const std::string& ds_dir, const std::string& out,
   for (int r = 0; r < ds.world; ++r) {
     std::vector<std::vector<char>> weights16;  // kept alive until the file is written
     weights16.reserve(ds.groups.size());
-    std::vector<FileBuffer> buffers;
+    std::vector<RankFileBuffer> buffers;
     for (size_t g = 0; g < ds.groups.size(); ++g) {
       const auto& group = ds.groups[g];
       const auto suffix = "/" + std::to_string(g);
-      buffers.push_back({"master" + suffix, affine::DType::f32, &group.master[size_t(r)]});
-      for (const auto& name : ds.state_names) buffers.push_back({name + suffix, affine::DType::f32, &group.states.at(name)[size_t(r)]});
+      buffers.push_back(bytes_of("master" + suffix, affine::DType::f32, group.master[size_t(r)]));
+      for (const auto& name : ds.state_names)
+        buffers.push_back(bytes_of(name + suffix, affine::DType::f32, group.states.at(name)[size_t(r)]));
       if (ds.dtype == affine::DType::f32) continue;
       weights16.push_back(rounded(group.master[size_t(r)], ds.dtype));
-      buffers.push_back({"param" + suffix, ds.dtype, &weights16.back()});
+      buffers.push_back(bytes_of("param" + suffix, ds.dtype, weights16.back()));
     }
     for (size_t i = 0; r == 0 && i < ds.frozen.size(); ++i)
-      buffers.push_back({manifest.frozen[i].buffer, ds.frozen[i].dtype, &ds.frozen[i].bytes});
-    manifest.files.push_back(write_rank_file((tag_dir / ("rank" + std::to_string(r) + ".safetensors")).string(), r, buffers));
+      buffers.push_back(bytes_of(manifest.frozen[i].buffer, ds.frozen[i].dtype, ds.frozen[i].bytes));
+    const auto path = (tag_dir / ("rank" + std::to_string(r) + ".safetensors")).string();
+    manifest.files.push_back(write_rank_file(path, r, buffers, {{"source", "deepspeed"}}));
     report.bytes_written += manifest.files.back().bytes;
   }
   const auto text = to_json(manifest);
