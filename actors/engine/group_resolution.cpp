@@ -85,9 +85,14 @@ std::vector<ResolvedGroup> resolve_groups(const std::vector<std::pair<std::strin
 
   if (client) {
     const auto& client_groups = client->param_groups();
-    if (!client->state().empty())
-      throw ConfigError("initialize: the client optimizer already holds state for " +
-                        std::to_string(client->state().size()) + " parameters; pass a fresh optimizer");
+    // torch::optim::Adagrad makes a step-0 state for every parameter when it is built: not a used optimizer.
+    const auto used = std::count_if(client->state().begin(), client->state().end(), [](const auto& entry) {
+      const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(entry.second.get());
+      return !adagrad || adagrad->step() != 0;
+    });
+    if (used > 0)
+      throw ConfigError("initialize: the client optimizer already holds state for " + std::to_string(used) +
+                        " parameters; pass a fresh optimizer");
     for (size_t g = 0; g < client_groups.size(); ++g) {
       const auto& options = client_groups[g].options();
       ResolvedGroup group;

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/zero/leaf_modules.h"
 #include "core/zero/unit_hooks.h"
+#include "python/src/client_optimizer.h"
 #include "python/src/module_tree.h"
 #include "transport/launch_env.h"
 
@@ -57,7 +58,10 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
                                      const std::string& config_text, bool config_is_path,
                                      const std::vector<std::vector<std::string>>& group_names,
                                      const std::vector<std::map<std::string, double>>& group_options,
-                                     const std::vector<std::string>& leaf_modules) {
+                                     const std::vector<std::string>& leaf_modules,
+                                     std::optional<ClientKind> client_kind,
+                                     const std::vector<std::pair<std::vector<std::string>, std::map<std::string, double>>>& client_groups,
+                                     py::object client_step) {
   auto config = config_is_path ? config::load_config(config_text)
                                : config::load_config_text(config_text, config::Format::json, "the config dict");
   InitializeOptions options;
@@ -78,6 +82,11 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
   auto out = std::make_shared<PyEngine>();
   out->tree = module_tree(parameters);
   set_z3_leaf_modules_by_name(*out->tree, leaf_modules);  // marked in Python (tessera.utils), by name
+  if (client_kind) {
+    std::vector<ClientGroup> groups;
+    for (const auto& [names, settings] : client_groups) groups.push_back({names, settings});
+    options.optimizer = client_optimizer(*client_kind, groups, *out->tree, std::move(client_step));
+  }
   py::gil_scoped_release release;  // initialize is collective
   out->engine = tessera::initialize(out->tree, config, options).engine;
   for (const auto& item : out->tree->named_modules()) out->modules[item.key()] = item.value().get();
@@ -123,6 +132,13 @@ PYBIND11_MODULE(_tessera, m) {
   m.doc() = "tessera's C++ engine (import the tessera package, not this module)";
   m.attr("torch_version") = TORCH_VERSION;  // the LibTorch this module was built against
   register_errors(m);
+
+  py::enum_<ClientKind>(m, "ClientKind")
+      .value("Adam", ClientKind::Adam)
+      .value("AdamW", ClientKind::AdamW)
+      .value("SGD", ClientKind::SGD)
+      .value("Adagrad", ClientKind::Adagrad)
+      .value("PythonStep", ClientKind::PythonStep);
 
   py::class_<PyScope>(m, "Scope")
       .def("__enter__", [](PyScope& s) { s.enter(); })
@@ -209,7 +225,8 @@ PYBIND11_MODULE(_tessera, m) {
       });
 
   m.def("initialize", &initialize_engine, py::arg("parameters"), py::arg("config"), py::arg("config_is_path"),
-        py::arg("group_names"), py::arg("group_options"), py::arg("leaf_modules") = std::vector<std::string>{});
+        py::arg("group_names"), py::arg("group_options"), py::arg("leaf_modules") = std::vector<std::string>{},
+        py::arg("client_kind") = std::nullopt, py::arg("client_groups") = py::list(), py::arg("client_step") = py::none());
   m.def("default_z3_leaf_classes", &default_z3_leaf_classes);
   m.def("z3_class_matches", &z3_class_matches, py::arg("pattern"), py::arg("class_name"));
   m.def("z3_suffix_matches", &z3_suffix_matches, py::arg("suffix"), py::arg("name"));

@@ -6,7 +6,7 @@
         engine.backward(loss)
         engine.step()
 
-The engine is tessera's C++ engine (ZeRO stages 0-2 from Python so far); the user's module is rewired
+The engine is tessera's C++ engine (ZeRO stages 0-3); the user's module is rewired
 in place, so its own parameters are the engine's weights afterwards (views of its flat buffers).
 Run ranks with `tools/tessera-launch --nproc-per-node N /usr/bin/python3 train.py`.
 """

@@ -5,6 +5,7 @@ import os
 import torch
 
 from . import _tessera
+from ._optimizer import client_optimizer
 from ._zero3 import install_unit_hooks
 from .utils import leaf_module_names
 
@@ -219,28 +220,35 @@ class EngineScheduler:
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None):
     """deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler). Collective: every rank
-    calls it. The optimizer and scheduler come from the config's `optimizer` and `scheduler` sections; the dataloader
-    is None (training_data is not taken yet)."""
+    calls it. The optimizer is the config's `optimizer` section or a client torch.optim optimizer (or a callable
+    building one from model_parameters; _optimizer.py); the scheduler comes from the config's `scheduler` section;
+    the dataloader is None (training_data is not taken yet)."""
     if not isinstance(model, torch.nn.Module):
         raise _tessera.ConfigError("initialize: model must be a torch.nn.Module")
-    for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("training_data", training_data),
-                        ("mpu", mpu)):
+    for name, value in (("lr_scheduler", lr_scheduler), ("training_data", training_data), ("mpu", mpu)):
         if value is not None:
-            raise _tessera.ConfigError(f"initialize: {name}= is not supported from Python yet (give the optimizer and "
-                                       f"scheduler in the config)")
+            raise _tessera.ConfigError(f"initialize: {name}= is not supported from Python yet (give the scheduler in "
+                                       f"the config)")
     text, is_path = _config(args, config, config_params)
-    group_names, group_options = _groups(model, model_parameters)
+    client_kind, client_groups, client_step = None, [], None
+    if optimizer is not None:
+        # As DeepSpeed: with a client optimizer, model_parameters only feeds an optimizer factory.
+        client_kind, client_groups, client_step, optimizer = client_optimizer(model, optimizer, model_parameters)
+        group_names, group_options = [], []
+    else:
+        group_names, group_options = _groups(model, model_parameters)
     # Leaf modules by name: the engine's module tree is built from parameter names, so a leaf without parameters
     # of its own subtree is no unit and is left out.
     params = [name for name, _ in model.named_parameters()]
     leaves = [n for n in leaf_module_names(model) if any(p.startswith(n + ".") for p in params)]
     engine = TesseraEngine(model, _tessera.initialize(_named_parameters(model), text, is_path, group_names, group_options,
-                                                      leaves))
+                                                      leaves, client_kind, client_groups, client_step))
     if engine.zero_optimization_stage() == 3:
         engine._hooks = install_unit_hooks(model, engine._engine)
     by_name = dict(model.named_parameters())
+    group_names = group_names or [names for names, _ in client_groups]
     groups = [[by_name[n] for n in names] for names in group_names] or [[p for p in model.parameters() if p.requires_grad]]
-    optimizer = EngineOptimizer(engine._engine, groups)
+    engine_optimizer = EngineOptimizer(engine._engine, groups)
     scheduler = EngineScheduler(engine._engine) if engine._engine.has_scheduler() else None
-    engine.optimizer, engine.lr_scheduler = optimizer, scheduler
-    return engine, optimizer, None, scheduler
+    engine.optimizer, engine.lr_scheduler, engine.client_optimizer = engine_optimizer, scheduler, optimizer
+    return engine, engine_optimizer, None, scheduler

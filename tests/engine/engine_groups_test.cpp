@@ -127,6 +127,23 @@ TEST_CASE("A client AdamW with the same groups equals the param_groups route", "
   expect_same_parameters(train(model, *init.engine, 4), expected);
 }
 
+// torch::optim::Adagrad builds a step-0 state for every parameter in its constructor: a fresh
+// Adagrad is not an optimizer that "already holds state".
+TEST_CASE("A client Adagrad (step-0 states from its constructor) is translated and equals itself run by LibTorch",
+          "[engine][groups]") {
+  auto adagrad = [](torch::nn::Module& m) -> std::shared_ptr<torch::optim::Optimizer> {
+    return std::make_shared<torch::optim::Adagrad>(
+        m.parameters(), torch::optim::AdagradOptions(0.05).lr_decay(0.01).initial_accumulator_value(0.1));
+  };
+  const auto expected = oracle(adagrad, 4);
+  tessera::nn::TinyGpt model(small_gpt());
+  tessera::InitializeOptions options;
+  options.optimizer = adagrad(*model.module());
+  auto init = tessera::initialize(model.module(), load(config(1, false)), options);
+  CHECK(init.optimizer->param_group_options(0).kind == tessera::optim::OptimizerKind::Adagrad);
+  expect_same_parameters(train(model, *init.engine, 4), expected);
+}
+
 TEST_CASE("A client optimizer of another class (RMSprop, two groups) runs by its own step() on the partitions",
           "[engine][groups]") {
   auto rmsprop_two_groups = [](torch::nn::Module& m) -> std::shared_ptr<torch::optim::Optimizer> {
