@@ -287,6 +287,10 @@ class Engine {
   // calls it); at stages 0-2 the module's parameters in model order. `weight` is the parameter
   // itself (detached); at ZeRO-3 it is released again after f returns.
   void for_each_gathered_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f) const;
+  // The trainable parameters' names in the groups for_each_gathered_parameter walks them in (ZeRO-3:
+  // each unit's, then the persistent ones; stages 0-2: one group), for callers that gather one group
+  // at a time themselves (gathered_parameters(group)), e.g. a Python generator.
+  std::vector<std::vector<std::string>> gather_groups() const;
 
   bool is_gradient_accumulation_boundary() const;
   double get_lr(size_t group = 0) const;  // the lr the next update uses in a parameter group

@@ -29,6 +29,22 @@ void Engine::for_each_gathered_parameter(const std::function<void(const std::str
     if (plan.persistent(int64_t(i))) f(s.names[i], params[s.names[i]].detach());
 }
 
+std::vector<std::vector<std::string>> Engine::gather_groups() const {
+  const auto& s = *impl_;
+  if (!s.stage3) return {s.names};
+  const auto& plan = *s.spec->plan;
+  std::vector<std::vector<std::string>> out;
+  for (const auto& unit : plan.units()) {
+    out.emplace_back();
+    for (int64_t i : unit.params) out.back().push_back(s.names[size_t(i)]);
+  }
+  out.emplace_back();
+  for (size_t i = 0; i < s.names.size(); ++i)
+    if (plan.persistent(int64_t(i))) out.back().push_back(s.names[i]);
+  if (out.back().empty()) out.pop_back();
+  return out;
+}
+
 void Engine::empty_partition_cache() {
   if (impl_->stage3) impl_->stage3->release_all();
 }

@@ -5,11 +5,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/python.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/version.h>
 
 #include <optional>
 
 #include "actors/engine/engine.h"
+#include "actors/rollout/weight_sync.h"
 #include "core/config/load.h"
 #include "core/error.h"
 #include "core/zero/leaf_modules.h"
@@ -219,6 +221,22 @@ PYBIND11_MODULE(_tessera, m) {
              py::gil_scoped_release release;
              return e.engine->save_16bit_model(dir, options).files;
            })
+      // For receivers that are not tessera's: (name, torch dtype, full shape) of every trainable
+      // weight, from the storage maps (nothing materialised), and the groups a whole-model walk
+      // gathers together (python/tessera/_engine.py's named_weights()).
+      .def("weight_metadata", [](PyEngine& e) {
+        py::list out;
+        for (const auto& w : weight_metadata(*e.engine))
+          out.append(py::make_tuple(w.name, py::reinterpret_borrow<py::object>(
+                                                reinterpret_cast<PyObject*>(torch::getTHPDtype(w.dtype))),
+                                    py::tuple(py::cast(w.shape))));
+        return out;
+      })
+      .def("gather_groups", [](PyEngine& e) { return e.engine->gather_groups(); })
+      .def("empty_partition_cache", [](PyEngine& e) {
+        py::gil_scoped_release release;
+        e.engine->empty_partition_cache();
+      })
       .def("wait_for_checkpoint", [](PyEngine& e) {
         py::gil_scoped_release release;
         e.engine->wait_for_checkpoint();

@@ -1,4 +1,5 @@
 """tessera.initialize and the engine it returns, in DeepSpeed's shape (deepspeed.initialize, DeepSpeedEngine)."""
+import collections
 import json
 import os
 
@@ -8,6 +9,9 @@ from . import _tessera
 from ._optimizer import client_optimizer
 from ._zero3 import install_unit_hooks
 from .utils import leaf_module_names
+
+
+WeightInfo = collections.namedtuple("WeightInfo", ["name", "dtype", "shape"])
 
 
 def _named_parameters(model):
@@ -144,6 +148,26 @@ class TesseraEngine:
         limit = _tessera.default_max_shard_bytes if max_shard_bytes is None else int(max_shard_bytes)
         self._engine.save_16bit_model(os.fspath(save_dir), exclude_frozen_parameters, limit)
         return True
+
+    def empty_partition_cache(self):
+        """ZeRO-3: releases every gathered unit not held by a gathered-parameters scope. Stages 0-2: nothing."""
+        self._engine.empty_partition_cache()
+
+    def weight_metadata(self):
+        """[WeightInfo(name, dtype, shape)] of every trainable weight, full shapes, in the engine's order, read from
+        its storage maps: nothing is gathered or materialised (what a vLLM/SGLang-style receiver is told first)."""
+        return [WeightInfo(name, dtype, tuple(shape)) for name, dtype, shape in self._engine.weight_metadata()]
+
+    def named_weights(self):
+        """Yields (name, tensor) for every trainable weight, whole (verl's per-tensor export). Stages 0-2: the
+        module's parameters (views of the flat buffers, no copy). ZeRO-3: one unit gathered at a time; a tensor is
+        valid until the generator moves on. Collective: every rank iterates it to the end (or closes it on every
+        rank); copy a tensor to keep it."""
+        params = dict(self.module.named_parameters())
+        for names in self._engine.gather_groups():
+            with self._engine.gathered_parameters(names, -1):
+                for name in names:
+                    yield name, params[name].detach()
 
     def wait_for_checkpoint(self):
         self._engine.wait_for_checkpoint()

@@ -4,8 +4,8 @@ torch.optim optimizer."""
 
 
 def train_averaged(model, optimizer, loss_of, steps, world):
-    """loss_of(model, step, rank) -> loss. Returns copies of the parameters after `steps` steps."""
-    params = list(model.parameters())
+    """loss_of(model, step, rank) -> loss. Returns copies of the trainable parameters after `steps` steps."""
+    params = [p for p in model.parameters() if p.requires_grad]
     for step in range(steps):
         sums = None
         for r in range(world):
