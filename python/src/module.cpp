@@ -18,19 +18,14 @@
 #include "core/zero/unit_hooks.h"
 #include "python/src/client_optimizer.h"
 #include "python/src/module_tree.h"
+#include "python/src/py_engine.h"
+#include "python/src/rollout_bindings.h"
 #include "transport/launch_env.h"
 
 namespace py = pybind11;
 
 namespace tessera::python {
 namespace {
-
-// An engine and the module tree that holds the Python parameters for it.
-struct PyEngine {
-  std::shared_ptr<torch::nn::Module> tree;
-  std::shared_ptr<Engine> engine;
-  std::map<std::string, const torch::nn::Module*> modules;  // the tree's modules by dotted prefix ("" the root)
-};
 
 // One forward of a ZeRO-3 unit, from its Python module's pre-hook to its post-hook (zero::UnitCall).
 struct PyUnitCall {
@@ -134,6 +129,7 @@ PYBIND11_MODULE(_tessera, m) {
   m.doc() = "tessera's C++ engine (import the tessera package, not this module)";
   m.attr("torch_version") = TORCH_VERSION;  // the LibTorch this module was built against
   register_errors(m);
+  bind_rollout(m);
 
   py::enum_<ClientKind>(m, "ClientKind")
       .value("Adam", ClientKind::Adam)

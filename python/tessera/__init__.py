@@ -49,6 +49,7 @@ _check_same_libtorch()
 from ._tessera import CheckpointError, ConfigError, Error, MapError, PeerLostError, TimeoutError, TransportError  # noqa: E402,F401
 from ._engine import TesseraEngine, initialize  # noqa: E402,F401
 from . import comm  # noqa: E402,F401
+from . import rollout  # noqa: E402,F401
 from . import utils  # noqa: E402,F401
 
 

@@ -169,6 +169,18 @@ class TesseraEngine:
                 for name in names:
                     yield name, params[name].detach()
 
+    def sync_weights(self, model_config=None, train_job=None, rollout_job=None, **options):
+        """Pushes the weights into a rollout job (tessera.rollout.WeightSender; collective over both jobs). The first
+        call names the model's config.json and the jobs and connects; later calls take no arguments."""
+        if getattr(self, "_sender", None) is None:
+            if model_config is None or train_job is None or rollout_job is None:
+                raise _tessera.ConfigError("sync_weights: the first call needs model_config, train_job and rollout_job")
+            from .rollout import WeightSender
+            self._sender = WeightSender(self, model_config, train_job, rollout_job, **options)
+        elif model_config is not None or options:
+            raise _tessera.ConfigError("sync_weights: already connected; later calls take no arguments")
+        return self._sender.sync()
+
     def wait_for_checkpoint(self):
         self._engine.wait_for_checkpoint()
 

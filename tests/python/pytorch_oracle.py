@@ -3,10 +3,11 @@ loss in this process, averages the gradients as the engine reduces them ((g_0 + 
 torch.optim optimizer."""
 
 
-def train_averaged(model, optimizer, loss_of, steps, world):
-    """loss_of(model, step, rank) -> loss. Returns copies of the trainable parameters after `steps` steps."""
+def train_averaged(model, optimizer, loss_of, steps, world, first_step=0):
+    """loss_of(model, step, rank) -> loss, for steps first_step .. first_step + steps - 1. Returns copies of the
+    trainable parameters after them."""
     params = [p for p in model.parameters() if p.requires_grad]
-    for step in range(steps):
+    for step in range(first_step, first_step + steps):
         sums = None
         for r in range(world):
             optimizer.zero_grad(set_to_none=True)
