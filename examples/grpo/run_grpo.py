@@ -35,8 +35,11 @@ def start(launch, program, n, port, job, peer, role, extra, secret, server, out)
     env = dict(os.environ, TESSERA_STORE_SECRET=secret, PYTHONUNBUFFERED="1")  # the launcher's lines as they come
     if not server:
         env["TESSERA_STORE_SERVER"] = "0"  # join the training job's store
+    if isinstance(program, list):  # the Python training side: the package beside the build
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [program[-1], env.get("PYTHONPATH")]))
+        program = program[:-1]
     cmd = [sys.executable, launch, "--nproc-per-node", str(n), "--master-port", str(port), "--job", job,
-           "--grace-period", "3", "--", program, "--role", role, "--peer-job", peer,
+           "--grace-period", "3", "--"] + (program if isinstance(program, list) else [program]) + ["--role", role, "--peer-job", peer,
            "--csv", os.path.join(out, "grpo.csv")] + extra
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc.log_path = os.path.join(out, job + ".log")
@@ -107,6 +110,9 @@ def main():
                     help="in_place: generation waits while the weights are written; double_buffered: they land in "
                          "a standby copy, swapped in at the next generate() (both jobs get the same)")
     ap.add_argument("--delta", action="store_true", help="delta syncs: only the changed elements travel (both jobs)")
+    ap.add_argument("--python-train", action="store_true",
+                    help="the training side in Python (examples/python/grpo_train.py on the tessera package in "
+                         "BUILD/python, run by /usr/bin/python3), against the same C++ rollout job")
     args, extra = ap.parse_known_args()
     extra = [e for e in extra if e != "--"]
     if args.sync_mode:
@@ -118,9 +124,13 @@ def main():
     program = os.path.join(args.build, "examples", "grpo", "grpo")
     if not os.path.exists(program):
         sys.exit(f"run_grpo: {program} not found: build first (cmake --build {args.build})")
+    train_program = program
+    if args.python_train:
+        train_program = ["/usr/bin/python3", os.path.join(ROOT, "examples", "python", "grpo_train.py"),
+                         os.path.join(args.build, "python")]
     secret = os.urandom(16).hex()
     os.chdir(ROOT)
-    train = start(launch, program, args.train_ranks, args.port, "grpo_train", "grpo_rollout", "train", extra, secret,
+    train = start(launch, train_program, args.train_ranks, args.port, "grpo_train", "grpo_rollout", "train", extra, secret,
                   True, args.out)
     time.sleep(0.5)
     rollout = start(launch, program, args.rollout_ranks, args.port, "grpo_rollout", "grpo_train", "rollout", extra,

@@ -73,8 +73,12 @@ class Attention(torch.nn.Module):
         if self.c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        # C++ evaluates the right operand of `q * cos + rotate_half(q) * sin` first (GCC: right to left), which
+        # orders the backward's sums; the same order here keeps the gradients bitwise equal to DecoderLm's.
+        rq = rotate_half(q) * sin
+        q = q * cos + rq
+        rk = rotate_half(k) * sin
+        k = k * cos + rk
         G = H // KV  # query heads grouped under their KV head, KV broadcast over the group
         scores = torch.matmul(q.reshape(B, KV, G, T, hd), k.unsqueeze(2).transpose(-1, -2))
         scores = scores.float() * (1.0 / math.sqrt(hd)) + bias

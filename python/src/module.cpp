@@ -20,6 +20,7 @@
 #include "python/src/module_tree.h"
 #include "python/src/py_engine.h"
 #include "python/src/rollout_bindings.h"
+#include "python/src/store_bindings.h"
 #include "transport/launch_env.h"
 
 namespace py = pybind11;
@@ -130,6 +131,7 @@ PYBIND11_MODULE(_tessera, m) {
   m.attr("torch_version") = TORCH_VERSION;  // the LibTorch this module was built against
   register_errors(m);
   bind_rollout(m);
+  bind_store(m);
 
   py::enum_<ClientKind>(m, "ClientKind")
       .value("Adam", ClientKind::Adam)

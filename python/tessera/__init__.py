@@ -50,6 +50,7 @@ from ._tessera import CheckpointError, ConfigError, Error, MapError, PeerLostErr
 from ._engine import TesseraEngine, initialize  # noqa: E402,F401
 from . import comm  # noqa: E402,F401
 from . import rollout  # noqa: E402,F401
+from . import store  # noqa: E402,F401
 from . import utils  # noqa: E402,F401
 
 

@@ -1,7 +1,9 @@
 """tessera.initialize and the engine it returns, in DeepSpeed's shape (deepspeed.initialize, DeepSpeedEngine)."""
+import atexit
 import collections
 import json
 import os
+import weakref
 
 import torch
 
@@ -76,6 +78,21 @@ class TesseraEngine:
     def __init__(self, module, engine):
         self.module = module
         self._engine = engine
+        self._hooks, self._sender = [], None
+        _live_engines.add(self)
+
+    def destroy(self):
+        """Releases the C++ engine now (DeepSpeed's destroy()): its hooks leave the module, the weight sender closes,
+        and the engine's threads end, in that order. Also run for every live engine when the interpreter exits, so
+        no C++ thread outlives Python's finalisation. The engine cannot be used afterwards."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks, self._sender = [], None
+        optimizer = getattr(self, "optimizer", None)
+        holders = [self, optimizer, getattr(self, "lr_scheduler", None)] + (optimizer.param_groups if optimizer else [])
+        for holder in holders:
+            if holder is not None:
+                holder._engine = None
 
     def __call__(self, *args, **kwargs):
         with self._engine.forward_scope():
@@ -172,7 +189,7 @@ class TesseraEngine:
     def sync_weights(self, model_config=None, train_job=None, rollout_job=None, **options):
         """Pushes the weights into a rollout job (tessera.rollout.WeightSender; collective over both jobs). The first
         call names the model's config.json and the jobs and connects; later calls take no arguments."""
-        if getattr(self, "_sender", None) is None:
+        if self._sender is None:
             if model_config is None or train_job is None or rollout_job is None:
                 raise _tessera.ConfigError("sync_weights: the first call needs model_config, train_job and rollout_job")
             from .rollout import WeightSender
@@ -197,6 +214,15 @@ class TesseraEngine:
                     raise _tessera.ConfigError("gathered_parameters: a tensor that is not a parameter of the model")
                 names.append(by_id[id(p)])
         return self._engine.gathered_parameters(names, -1 if modifier_rank is None else int(modifier_rank))
+
+
+_live_engines = weakref.WeakSet()
+
+
+@atexit.register
+def _destroy_live_engines():
+    for engine in list(_live_engines):
+        engine.destroy()
 
 
 class _ParamGroup(dict):

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""tessera.integrations.openrlhf (OpenRLHF's DeepSpeed strategy) against single-process PyTorch oracles, 2 ranks
+under tools/tessera-launch, fp32. It tests the adapter against DeepspeedStrategy's interface as documented
+(openrlhf/utils/deepspeed/deepspeed.py, read, not imported: OpenRLHF is not installed and there is no network
+here), not against OpenRLHF itself.
+
+Checked, with an MLP trained for 8 steps the way OpenRLHF's trainers do (engine forward, strategy.backward,
+strategy.optimizer_step) from create_optimizer's two groups (no weight decay on biases):
+  - the weights equal the oracle's bit for bit (pytorch_oracle.train_averaged stepping torch.optim.AdamW over the
+    same two groups, built here by name): stage 1 with max_norm clipping active (the engine's norm equals the
+    oracle's clip_grad_norm_ norm bitwise), stage 3 with clipping inactive (norms printed and bounded), and stage 1
+    with 2 accumulation micro-steps (derived by the engine from train_batch_size) against an oracle that
+    accumulates then averages;
+  - save_ckpt at stage 3 after 4 steps (a tag, a client_state) and load_ckpt at stage 1 return the client_state and
+    continue to the oracle's 8-step weights bitwise; max_ckpt_num = 2 keeps the newest 2 of 3 tags;
+  - save_model's model.safetensors holds the oracle's weights bitwise (read by a plain reader), the tokenizer is
+    saved on rank 0 only;
+  - an eval model at stage 3 (tessera's ZeRO inference engine) gives the plain module's outputs bitwise; below
+    stage 3 prepare returns the module itself;
+  - negative controls: a perturbed oracle (lr x 1.0001) and an oracle that decays the biases differ;
+  - refused: offload_states / reload_states (tessera.Error naming issue 25), args.adam_offload, a client lr
+    scheduler, save_ckpt with another max_num, save_pretrained options; no all_reduce / all_gather (tessera.comm
+    has no collectives); get_rank / world_size / is_rank_0 / print follow the launch environment.
+Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 openrlhf_adapter.py"""
+import contextlib
+import io
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import types
+
+import torch
+
+import tessera
+from pytorch_oracle import train_averaged
+from tessera.integrations.openrlhf import TesseraStrategy
+
+STEPS, MICRO, LR, DECAY, BETAS = 8, 4, 3e-3, 0.1, (0.9, 0.95)
+rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
+mse = torch.nn.functional.mse_loss
+TIMEOUT = {"tessera": {"transport": {"collective_timeout_ms": 60000}}}
+failures = []
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"rank {rank}: FAILED: {what}", flush=True)
+
+
+def expect_error(cls, words, call):
+    try:
+        call()
+    except cls as e:
+        expect(all(w in str(e) for w in words), f"the error does not say {words}: {e}")
+        return
+    except Exception as e:  # noqa: BLE001
+        expect(False, f"expected {cls.__name__} with {words}, got {type(e).__name__}: {e}")
+        return
+    expect(False, f"expected {cls.__name__} with {words}: nothing raised")
+
+
+def model_of():
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 8))
+
+
+NAMES = [name for name, _ in model_of().named_parameters()]
+
+
+def rows(step, r, n):
+    g = torch.Generator().manual_seed(10000 * step + r)
+    return torch.randn(n, 32, generator=g), torch.randn(n, 8, generator=g)
+
+
+def strategy_of(stage, clip=0.0, gas=1, **kwargs):
+    s = TesseraStrategy(seed=7, max_norm=clip, micro_train_batch_size=MICRO, train_batch_size=MICRO * gas * world,
+                        zero_stage=stage, args=types.SimpleNamespace(param_dtype="fp32"), config=TIMEOUT, **kwargs)
+    s.setup_distributed()
+    return s
+
+
+def prepared(strategy):
+    model = model_of()
+    optim = strategy.create_optimizer(model, lr=LR, betas=BETAS, weight_decay=DECAY)
+    return strategy.prepare((model, optim, None))
+
+
+def train(strategy, engine, optim, scheduler, first, last, gas=1):
+    """OpenRLHF's loop: one backward and one optimizer_step per micro-batch; returns the norm after each update."""
+    norms = []
+    for step in range(first, last):
+        x, y = rows(step, rank, MICRO * gas)
+        for m in range(gas):
+            loss = mse(engine(x[m * MICRO:(m + 1) * MICRO]), y[m * MICRO:(m + 1) * MICRO])
+            strategy.backward(loss, engine, optim)
+            strategy.optimizer_step(optim, engine, scheduler)
+        norms.append(engine.get_global_grad_norm())
+    return norms
+
+
+def weights(engine):
+    with engine.gathered_parameters():  # whole at ZeRO-3; nothing to do below it
+        return {name: p.detach().clone() for name, p in engine.module.named_parameters()}
+
+
+class ClippedAdamW(torch.optim.AdamW):
+    """AdamW that clips the (averaged) gradients first, as the engine does, and records the norm."""
+
+    def __init__(self, groups, clip, **kwargs):
+        super().__init__(groups, **kwargs)
+        self.clip, self.norms = clip, []
+
+    def step(self, closure=None):
+        if self.clip:
+            params = [p for g in self.param_groups for p in g["params"]]
+            self.norms.append(torch.nn.utils.clip_grad_norm_(params, self.clip).item())
+        return super().step(closure)
+
+
+def oracle(lr=LR, clip=0.0, gas=1, decay_biases=False):
+    """(name -> weight after STEPS steps, norms before clipping); biases without weight decay unless decay_biases.
+    gas > 1: each loss divided by gas, micro-batch gradients accumulated, then averaged over the ranks."""
+    model = model_of()
+    named = dict(model.named_parameters())
+    biases = [] if decay_biases else [n for n in NAMES if n.endswith("bias")]
+    groups = [{"params": [named[n] for n in NAMES if n not in biases], "weight_decay": DECAY},
+              {"params": [named[n] for n in biases], "weight_decay": 0.0}]
+    adamw = ClippedAdamW([g for g in groups if g["params"]], clip, lr=lr, betas=BETAS, eps=1e-8)
+
+    def loss_of(model, step, r):
+        x, y = rows(step, r, MICRO * gas)
+        losses = [mse(model(x[m * MICRO:(m + 1) * MICRO]), y[m * MICRO:(m + 1) * MICRO]) for m in range(gas)]
+        for loss in losses[:-1]:  # the earlier micro-batches' backwards accumulate first, as the engine's do
+            (loss / gas).backward()
+        return losses[-1] / gas if gas > 1 else losses[-1]
+
+    return dict(zip(NAMES, train_averaged(model, adamw, loss_of, STEPS, world))), adamw.norms
+
+
+def max_diff(got, want):
+    return max((got[n] - want[n]).abs().max().item() for n in NAMES)
+
+
+def same(got, want):
+    return sorted(got) == sorted(NAMES) and all(torch.equal(got[n], want[n]) for n in NAMES)
+
+
+expected, _ = oracle()
+closeness = {}
+for stage, clip, gas in ((1, 0.5, 1), (3, 100.0, 1), (1, 0.0, 2)):
+    key = f"stage {stage} max_norm {clip} accumulation {gas}"
+    want, want_norms = oracle(clip=clip, gas=gas)
+    strategy = strategy_of(stage, clip, gas)
+    expect(strategy.accumulated_gradient == gas, f"{key}: accumulated_gradient {strategy.accumulated_gradient}")
+    engine, optim, scheduler = prepared(strategy)
+    norms = train(strategy, engine, optim, scheduler, 0, STEPS, gas)
+    got = weights(engine)
+    expect(engine.global_steps == STEPS, f"{key}: {engine.global_steps} updates")
+    expect(same(got, want), f"{key}: weights differ from the oracle by {max_diff(got, want)}")
+    if not clip:
+        expect(norms == [None] * STEPS, f"{key}: a norm without clipping: {norms[:2]}")
+        continue
+    expect((sum(n > clip for n in want_norms) > 0) == (clip < 1), f"{key}: the oracle's norms {want_norms}")
+    closeness[key] = max(abs(a - b) / b for a, b in zip(norms, want_norms))
+    if stage == 1:
+        expect(norms == want_norms, f"{key}: norms {norms} differ from the oracle's {want_norms}")
+    else:
+        expect(closeness[key] < 1e-6, f"{key}: norms differ from the oracle's by {closeness[key]} (relative)")
+
+# Checkpoints: stage 3 saves after 4 steps; stage 1 loads (the client_state comes back) and trains 4 more.
+work = os.path.join(tempfile.gettempdir(), f"tessera_openrlhf_adapter_{os.environ.get('TESSERA_JOB', 'solo')}")
+if rank == 0:
+    shutil.rmtree(work, ignore_errors=True)
+strategy = strategy_of(3)
+engine, optim, scheduler = prepared(strategy)
+train(strategy, engine, optim, scheduler, 0, STEPS // 2)
+expect_error(tessera.ConfigError, ["max_num = 5"], lambda: strategy.save_ckpt(engine, work, "step4", 5, None, {}))
+strategy.save_ckpt(engine, os.path.join(work, "ckpt"), "step4", 3, None, {"global_step": 4, "episode": 1})
+
+resumed_strategy = strategy_of(1)
+resumed, resumed_optim, _ = prepared(resumed_strategy)
+path, client_state = resumed_strategy.load_ckpt(resumed, os.path.join(work, "ckpt"))
+expect(client_state == {"global_step": 4, "episode": 1} and path.endswith("step4") and resumed.global_steps == 4,
+       f"load_ckpt gave {path}, {client_state}, step {resumed.global_steps}")
+train(resumed_strategy, resumed, resumed_optim, None, STEPS // 2, STEPS)
+got = weights(resumed)
+expect(same(got, expected), f"resumed at stage 1: weights differ from the oracle by {max_diff(got, expected)}")
+
+
+# save_model: the oracle's weights (read back by a plain safetensors reader); the tokenizer on rank 0 only.
+class Tokenizer:
+    def save_pretrained(self, output_dir):
+        open(os.path.join(output_dir, f"tokenizer_rank{rank}"), "w").close()
+
+
+train(strategy, engine, optim, scheduler, STEPS // 2, STEPS)  # the stage-3 run to 8 steps, then exported
+export = os.path.join(work, "export")
+expect_error(tessera.ConfigError, ["max_shard_size"],
+             lambda: strategy.save_model(engine, None, export, max_shard_size="5GB"))
+strategy.save_model(engine, Tokenizer(), export)
+with open(os.path.join(export, "model.safetensors"), "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header, data = json.loads(f.read(n)), f.read()
+for name in NAMES:
+    begin, end = header[name]["data_offsets"]
+    saved = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32).reshape(expected[name].shape)
+    expect(torch.equal(saved, expected[name]), f"save_model: '{name}' differs from the oracle")
+if rank == 0:
+    expect(sorted(f for f in os.listdir(export) if f.startswith("tokenizer")) == ["tokenizer_rank0"],
+           f"save_model: tokenizer files {os.listdir(export)}")
+
+# max_ckpt_num = 2: the engine keeps the newest two of three tags.
+keeper = strategy_of(1, max_ckpt_num=2)
+kept, kept_optim, _ = prepared(keeper)
+for i in range(3):
+    train(keeper, kept, kept_optim, None, i, i + 1)
+    keeper.save_ckpt(kept, os.path.join(work, "kept"), f"t{i}", 2, None)
+if rank == 0:
+    tags = sorted(d for d in os.listdir(os.path.join(work, "kept")) if not d.startswith(".") and d != "latest")
+    expect(tags == ["t1", "t2"], f"max_ckpt_num 2 kept {tags}")
+
+# Eval models: at stage 3 tessera's ZeRO inference engine, below it the module itself.
+x, _ = rows(42, rank, MICRO)
+with torch.no_grad():
+    plain = model_of()(x)
+    reference = strategy_of(3).prepare(model_of())
+    expect(isinstance(reference, tessera.TesseraEngine) and torch.equal(reference(x), plain),
+           "stage 3 eval model: outputs differ from the plain module's")
+module = model_of()
+expect(strategy_of(1).prepare(module) is module, "stage 1 eval model: not the module itself")
+
+# Negative controls: another lr, and weight decay on the biases (what create_optimizer's groups leave out).
+for what, (other, _) in (("lr x 1.0001", oracle(lr=LR * 1.0001)), ("decayed biases", oracle(decay_biases=True))):
+    expect(not same(other, expected), f"the oracle with {what} equals the oracle")
+
+# Refused, and the rank helpers.
+expect_error(tessera.Error, ["offload", "issue 25"], lambda: strategy.offload_states(engine))
+expect_error(tessera.Error, ["issue 25"], lambda: strategy.reload_states(engine))
+expect_error(tessera.ConfigError, ["adam_offload", "issue 25"],
+             lambda: TesseraStrategy(args=types.SimpleNamespace(param_dtype="fp32", adam_offload=True)))
+expect_error(tessera.Error, ["prepare() returned"], lambda: strategy.backward(torch.zeros(()), model_of(), None))
+model = model_of()
+schedule = torch.optim.lr_scheduler.LambdaLR(strategy.create_optimizer(model, lr=LR, weight_decay=DECAY), lambda s: 1.0)
+expect_error(tessera.ConfigError, ["lr_scheduler"], lambda: strategy.prepare((model, schedule.optimizer, schedule)))
+expect(not hasattr(strategy, "all_reduce") and not hasattr(strategy, "all_gather"), "all_reduce/all_gather exist")
+expect(strategy.get_rank() == rank and strategy.world_size == world and strategy.is_rank_0() == (rank == 0),
+       "get_rank / world_size / is_rank_0")
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    strategy.print("hello")
+expect(printed.getvalue() == ("hello\n" if rank == 0 else ""), f"print gave {printed.getvalue()!r}")
+
+if failures:
+    sys.exit(f"rank {rank}: {len(failures)} failure(s)")
+report = "; ".join(f"{k}: norms within {v:.1e} (relative)" for k, v in closeness.items())
+print(f"rank {rank}: openrlhf adapter ok ({report})", flush=True)
