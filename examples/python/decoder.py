@@ -6,6 +6,7 @@ tessera's weight sync and Hugging Face export expect, so a Python training scrip
 engine of any TP size.
 
     model = Decoder(json.load(open("examples/grpo/policy/config.json")))
+    initialise(model, seed=1)                 # DecoderLm's initial weights, bit for bit
     logits = model(ids)                       # [B, T] int64 -> [B, T, vocab] fp32
 
 A tied head goes through the embedding module's own call (embed_tokens(x, head=True)), so ZeRO-3's forward hooks
@@ -34,6 +35,7 @@ class Config:
         self.o_bias = False if self.family == "qwen2" else c.get("attention_bias", False)
         self.mlp_bias = c.get("mlp_bias", False) if self.family == "llama" else False
         self.qk_norm = self.family == "qwen3"
+        self.initializer_range = c.get("initializer_range", 0.02)
 
 
 class RmsNorm(torch.nn.Module):
@@ -152,3 +154,25 @@ class Decoder(torch.nn.Module):
         x = self.model.norm(x)
         projected = self.model.embed_tokens(x, head=True) if self.c.tie else self.lm_head(x)
         return projected.float()
+
+
+def name_seed(seed, name):
+    """core/nn/decoder.cpp's per-parameter seed: FNV-1a over the name, keyed by the seed."""
+    h = 1469598103934665603 ^ seed
+    for ch in name.encode():
+        h = ((h ^ ch) * 1099511628211) & ((1 << 64) - 1)
+    return h
+
+
+def initialise(model, seed):
+    """DecoderLm's random initialisation: norms 1, biases 0, every other weight N(0, initializer_range) from a
+    generator seeded by its name (so the C++ policy and this one start from the same bits)."""
+    std = model.c.initializer_range
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=torch.Generator().manual_seed(name_seed(seed, name)))

@@ -21,7 +21,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tessera  # noqa: E402
-from decoder import Decoder  # noqa: E402
+from decoder import Decoder, initialise  # noqa: E402
 from mt19937_64 import Mt19937_64  # noqa: E402
 
 EQUALS, NEWLINE = ord("="), ord("\n")
@@ -69,28 +69,6 @@ def reward(prompt, completion):
     return sum(i < len(completion) and completion[i] == want[i] for i in range(digits)) / digits
 
 
-def name_seed(seed, name):
-    """core/nn/decoder.cpp's per-parameter seed: FNV-1a over the name, keyed by the seed."""
-    h = 1469598103934665603 ^ seed
-    for ch in name.encode():
-        h = ((h ^ ch) * 1099511628211) & ((1 << 64) - 1)
-    return h
-
-
-def initialise(model, config, seed):
-    """DecoderLm's random initialisation: norms 1, biases 0, every other weight N(0, initializer_range) from a
-    generator seeded by its name (so the C++ policy and this one start from the same bits)."""
-    std = config.get("initializer_range", 0.02)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                p.normal_(0.0, std, generator=torch.Generator().manual_seed(name_seed(seed, name)))
-
-
 def decode_samples(text):
     tokens, logprobs = [], []
     for line in text.splitlines():
@@ -126,7 +104,7 @@ def main():
         sys.exit(f"grpo_train.py: --prompts x --group ({sequences}) must divide over {world} training ranks")
     share = sequences // world
     policy = Decoder(model_config)
-    initialise(policy, model_config, a.seed)
+    initialise(policy, a.seed)
     ds_config = {"train_micro_batch_size_per_gpu": share, "gradient_accumulation_steps": 1,
                  "gradient_clipping": a.max_grad_norm,
                  "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "betas": [a.beta1, a.beta2], "weight_decay": 0.0}},

@@ -190,6 +190,8 @@ PYBIND11_MODULE(_tessera, m) {
       .def_property_readonly("global_steps", [](PyEngine& e) { return e.engine->global_steps(); })
       .def_property_readonly("skipped_steps", [](PyEngine& e) { return e.engine->skipped_steps(); })
       .def("loss_scale", [](PyEngine& e) { return e.engine->loss_scale(); })
+      .def("train_micro_batch_size_per_gpu", [](PyEngine& e) { return e.engine->config().train_micro_batch_size_per_gpu.value; })
+      .def("gradient_accumulation_steps", [](PyEngine& e) { return e.engine->config().gradient_accumulation_steps.value; })
       .def("zero_optimization_stage", [](PyEngine& e) { return e.engine->config().zero_optimization.stage.value; })
       .def("train", [](PyEngine& e) { e.engine->train(); })
       .def("eval", [](PyEngine& e) { e.engine->eval(); })

@@ -133,6 +133,12 @@ class TesseraEngine:
     def skipped_steps(self):
         return self._engine.skipped_steps
 
+    def train_micro_batch_size_per_gpu(self):
+        return self._engine.train_micro_batch_size_per_gpu()
+
+    def gradient_accumulation_steps(self):
+        return self._engine.gradient_accumulation_steps()
+
     def zero_optimization_stage(self):
         return self._engine.zero_optimization_stage()
 
@@ -284,10 +290,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     """deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler). Collective: every rank
     calls it. The optimizer is the config's `optimizer` section or a client torch.optim optimizer (or a callable
     building one from model_parameters; _optimizer.py); the scheduler comes from the config's `scheduler` section;
-    the dataloader is None (training_data is not taken yet)."""
+    with training_data (a torch Dataset) the dataloader is DeepSpeed's: this rank's share through a
+    DistributedSampler (shuffled, seed 0), micro-batches of train_micro_batch_size_per_gpu, collate_fn."""
     if not isinstance(model, torch.nn.Module):
         raise _tessera.ConfigError("initialize: model must be a torch.nn.Module")
-    for name, value in (("lr_scheduler", lr_scheduler), ("training_data", training_data), ("mpu", mpu)):
+    for name, value in (("lr_scheduler", lr_scheduler), ("mpu", mpu)):
         if value is not None:
             raise _tessera.ConfigError(f"initialize: {name}= is not supported from Python yet (give the scheduler in "
                                        f"the config)")
@@ -313,4 +320,18 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine_optimizer = EngineOptimizer(engine._engine, groups)
     scheduler = EngineScheduler(engine._engine) if engine._engine.has_scheduler() else None
     engine.optimizer, engine.lr_scheduler, engine.client_optimizer = engine_optimizer, scheduler, optimizer
-    return engine, engine_optimizer, None, scheduler
+    engine.training_dataloader = None if training_data is None else _dataloader(engine, training_data, collate_fn)
+    return engine, engine_optimizer, engine.training_dataloader, scheduler
+
+
+def _dataloader(engine, dataset, collate_fn):
+    """DeepSpeed's training dataloader: each data-parallel rank reads its own share of `dataset` (DistributedSampler
+    with DeepSpeed's defaults: shuffled, seed 0, the last incomplete round padded), train_micro_batch_size_per_gpu
+    samples per batch; call loader.sampler.set_epoch(epoch) for another order per epoch."""
+    from torch.utils.data import DataLoader, DistributedSampler
+    if not isinstance(dataset, torch.utils.data.Dataset):
+        raise _tessera.ConfigError(f"initialize: training_data must be a torch.utils.data.Dataset, not "
+                                   f"{type(dataset).__name__}")
+    sampler = DistributedSampler(dataset, num_replicas=engine._engine.world_size, rank=engine._engine.rank)
+    return DataLoader(dataset, batch_size=engine.train_micro_batch_size_per_gpu(), sampler=sampler,
+                      collate_fn=collate_fn)
