@@ -17,6 +17,7 @@
 #include "core/zero/leaf_modules.h"
 #include "core/zero/unit_hooks.h"
 #include "python/src/client_optimizer.h"
+#include "python/src/comm_bindings.h"
 #include "python/src/module_tree.h"
 #include "python/src/py_engine.h"
 #include "python/src/rollout_bindings.h"
@@ -132,6 +133,7 @@ PYBIND11_MODULE(_tessera, m) {
   register_errors(m);
   bind_rollout(m);
   bind_store(m);
+  bind_comm(m);
 
   py::enum_<ClientKind>(m, "ClientKind")
       .value("Adam", ClientKind::Adam)
