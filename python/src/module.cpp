@@ -247,6 +247,13 @@ PYBIND11_MODULE(_tessera, m) {
   m.def("initialize", &initialize_engine, py::arg("parameters"), py::arg("config"), py::arg("config_is_path"),
         py::arg("group_names"), py::arg("group_options"), py::arg("leaf_modules") = std::vector<std::string>{},
         py::arg("client_kind") = std::nullopt, py::arg("client_groups") = py::list(), py::arg("client_step") = py::none());
+  // The config's zero_optimization.leaf_module.classes, matched by initialize against the Python
+  // module's class names (the C++ tree it builds has no classes of its own).
+  m.def("config_leaf_classes", [](const std::string& text, bool is_path) {
+    const auto config = is_path ? config::load_config(text)
+                                : config::load_config_text(text, config::Format::json, "the config dict");
+    return config.zero_optimization.leaf_module.classes;
+  });
   m.def("default_z3_leaf_classes", &default_z3_leaf_classes);
   m.def("z3_class_matches", &z3_class_matches, py::arg("pattern"), py::arg("class_name"));
   m.def("z3_suffix_matches", &z3_suffix_matches, py::arg("suffix"), py::arg("name"));

@@ -309,7 +309,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # Leaf modules by name: the engine's module tree is built from parameter names, so a leaf without parameters
     # of its own subtree is no unit and is left out.
     params = [name for name, _ in model.named_parameters()]
-    leaves = [n for n in leaf_module_names(model) if any(p.startswith(n + ".") for p in params)]
+    config_classes = _tessera.config_leaf_classes(text, is_path)
+    leaves = [n for n in leaf_module_names(model, config_classes) if any(p.startswith(n + ".") for p in params)]
     engine = TesseraEngine(model, _tessera.initialize(_named_parameters(model), text, is_path, group_names, group_options,
                                                       leaves, client_kind, client_groups, client_step))
     if engine.zero_optimization_stage() == 3:

@@ -82,8 +82,9 @@ def get_z3_leaf_modules(model):
     return [m for _, m in model.named_modules() if z3_leaf_module(m)]
 
 
-def leaf_module_names(model):
-    """The dotted names initialize passes to the engine: marked modules and DeepSpeed's default classes."""
-    defaults = _tessera.default_z3_leaf_classes()
+def leaf_module_names(model, config_classes=()):
+    """The dotted names initialize passes to the engine: marked modules, DeepSpeed's default classes and the config's
+    zero_optimization.leaf_module.classes (matched against the Python classes' names)."""
+    defaults = list(_tessera.default_z3_leaf_classes()) + list(config_classes)
     return [name for name, m in model.named_modules()
             if name and (z3_leaf_module(m) or any(_tessera.z3_class_matches(c, _class_name(m)) for c in defaults))]

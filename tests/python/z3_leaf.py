@@ -2,9 +2,10 @@
 """ZeRO-3 leaf modules from Python (tessera.utils.set_z3_leaf_modules, DeepSpeed's call): a block that calls its
 experts in a different order on each rank trains at stage 3 on 2 ranks to the same weights, bit for bit, as a
 single-process PyTorch oracle that differentiates each rank's loss (in that rank's order), averages the gradients
-and steps torch.optim.AdamW. The block is one unit (its experts are not), marked by class, by name, by suffix, or
-by DeepSpeed's default class names; a name the model lacks is refused; a perturbed oracle differs, and unmarked
-the ranks get the order check's error, not an abort (negative controls).
+and steps torch.optim.AdamW. The block is one unit (its experts are not), marked by class, by name, by suffix, by
+DeepSpeed's default class names, or by the config's leaf_module.classes (matched against Python class names); a name
+the model lacks is refused; a perturbed oracle differs, and unmarked the ranks get the order check's error, not an
+abort (negative controls).
 Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 z3_leaf.py"""
 import sys
 
@@ -86,13 +87,15 @@ expected = oracle()
 perturbed = oracle(lr=LR * 1.01)
 expect(any(not torch.equal(a, b) for a, b in zip(expected, perturbed)), "negative control: a perturbed oracle is equal")
 
-for how in ("class", "name", "default class"):
+for how in ("class", "name", "default class", "config class"):
     model = model_of(MixtralSparseMoeBlock if how == "default class" else Experts)
     if how == "class":
         tessera.utils.set_z3_leaf_modules(model, [Experts])
     elif how == "name":
         tessera.utils.set_z3_leaf_modules_by_name(model, ["1"])
-    engine, _, _, _ = tessera.initialize(model=model, model_parameters=model.parameters(), config=config)
+    leaf_config = dict(config, zero_optimization=dict(config["zero_optimization"], leaf_module={"classes": ["Experts"]}))
+    engine, _, _, _ = tessera.initialize(model=model, model_parameters=model.parameters(),
+                                         config=leaf_config if how == "config class" else config)
     units = engine._engine.unit_prefixes()
     expect("1" in units and not any(u.startswith("1.") for u in units), f"{how}: units {units}: the block is one unit")
     for step in range(STEPS):
