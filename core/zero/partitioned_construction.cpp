@@ -50,28 +50,32 @@ PartitionedConstruction::~PartitionedConstruction() { active = outer_; }
 
 void partition_if_constructing(const std::shared_ptr<torch::nn::Module>& module) {
   if (!active || !module) return;
-  const int W = active->world_, r = active->rank_;
+  for (const auto& item : module->named_parameters(/*recurse=*/false))
+    partition_parameter(item.value(), active->world_, active->rank_);
+}
+
+void partition_parameter(const at::Tensor& parameter, int W, int r) {
+  if (W < 1 || r < 0 || r >= W)
+    throw Error("partitioned construction: rank " + std::to_string(r) + " of " + std::to_string(W));
   c10::AutoGradMode no_grad(false);
-  for (const auto& item : module->named_parameters(/*recurse=*/false)) {
-    auto p = item.value();
-    const auto* impl = p.unsafeGetTensorImpl();
-    {
-      std::lock_guard<std::mutex> lock(chunks().mutex);
-      if (chunks().by_parameter.count(impl)) continue;  // cut already (a module held twice)
-    }
-    const int64_t n = p.numel(), k = (n + W - 1) / W;
-    auto chunk = at::zeros({k}, p.options().requires_grad(false));
-    const int64_t begin = std::min(n, r * k), length = std::min(n, begin + k) - begin;
-    if (length > 0) chunk.narrow(0, 0, length).copy_(p.detach().reshape({-1}).narrow(0, begin, length));
-    // Free the whole: the parameter keeps its shape, its storage no memory.
-    if (n > 0) {
-      auto* storage = p.storage().unsafeGetStorageImpl();
-      storage->set_data_ptr_noswap(c10::DataPtr(nullptr, p.device()));
-      storage->set_nbytes(0);
-    }
+  auto p = parameter;
+  const auto* impl = p.unsafeGetTensorImpl();
+  {
     std::lock_guard<std::mutex> lock(chunks().mutex);
-    chunks().by_parameter.insert_or_assign(impl, Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(p.getIntrusivePtr()), {W, r, n, chunk}});
+    if (chunks().by_parameter.count(impl)) return;  // cut already (a module held twice)
   }
+  const int64_t n = p.numel(), k = (n + W - 1) / W;
+  auto chunk = at::zeros({k}, p.options().requires_grad(false));
+  const int64_t begin = std::min(n, r * k), length = std::min(n, begin + k) - begin;
+  if (length > 0) chunk.narrow(0, 0, length).copy_(p.detach().reshape({-1}).narrow(0, begin, length));
+  // Free the whole: the parameter keeps its shape, its storage no memory.
+  if (n > 0) {
+    auto* storage = p.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, p.device()));
+    storage->set_nbytes(0);
+  }
+  std::lock_guard<std::mutex> lock(chunks().mutex);
+  chunks().by_parameter.insert_or_assign(impl, Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(p.getIntrusivePtr()), {W, r, n, chunk}});
 }
 
 std::optional<ConstructedChunk> constructed_chunk(const at::Tensor& parameter) {

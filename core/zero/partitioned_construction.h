@@ -52,6 +52,9 @@ struct ConstructedChunk {
 
 // Called by unit holders: cuts `module`'s own parameters when a scope is active on this thread.
 void partition_if_constructing(const std::shared_ptr<torch::nn::Module>& module);
+// Cuts one parameter as a scope would (rank r of W keeps its chunk; the whole's storage is freed);
+// nothing when it was cut already. For constructions a unit holder does not see (Python's zero.Init).
+void partition_parameter(const at::Tensor& parameter, int world, int rank);
 // The chunk of a parameter cut at construction, if it was.
 std::optional<ConstructedChunk> constructed_chunk(const at::Tensor& parameter);
 // If `parameter` was cut: copies this rank's chunk of `value` (the whole parameter's new value,

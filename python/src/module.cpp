@@ -15,6 +15,7 @@
 #include "core/config/load.h"
 #include "core/error.h"
 #include "core/zero/leaf_modules.h"
+#include "core/zero/partitioned_construction.h"
 #include "core/zero/unit_hooks.h"
 #include "python/src/client_optimizer.h"
 #include "python/src/comm_bindings.h"
@@ -254,6 +255,9 @@ PYBIND11_MODULE(_tessera, m) {
                                 : config::load_config_text(text, config::Format::json, "the config dict");
     return config.zero_optimization.leaf_module.classes;
   });
+  // tessera.zero.Init: cuts a parameter at construction (rank's chunk kept, the whole freed).
+  m.def("partition_parameter", &zero::partition_parameter, py::arg("parameter"), py::arg("world"), py::arg("rank"));
+  m.def("is_partitioned", [](const at::Tensor& p) { return zero::constructed_chunk(p).has_value(); });
   m.def("default_z3_leaf_classes", &default_z3_leaf_classes);
   m.def("z3_class_matches", &z3_class_matches, py::arg("pattern"), py::arg("class_name"));
   m.def("z3_suffix_matches", &z3_suffix_matches, py::arg("suffix"), py::arg("name"));

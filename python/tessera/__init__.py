@@ -51,6 +51,7 @@ from ._engine import TesseraEngine, initialize  # noqa: E402,F401
 from . import comm  # noqa: E402,F401
 from . import rollout  # noqa: E402,F401
 from . import store  # noqa: E402,F401
+from . import zero  # noqa: E402,F401
 from . import utils  # noqa: E402,F401
 
 

@@ -7,7 +7,7 @@ import weakref
 
 import torch
 
-from . import _tessera
+from . import _tessera, zero
 from ._optimizer import client_optimizer
 from ._zero3 import install_unit_hooks
 from .utils import leaf_module_names
@@ -315,6 +315,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                                       leaves, client_kind, client_groups, client_step))
     if engine.zero_optimization_stage() == 3:
         engine._hooks = install_unit_hooks(model, engine._engine)
+    zero._register_engine(engine)
     by_name = dict(model.named_parameters())
     group_names = group_names or [names for names, _ in client_groups]
     groups = [[by_name[n] for n in names] for names in group_names] or [[p for p in model.parameters() if p.requires_grad]]
