@@ -1,7 +1,9 @@
 // LaunchEnv is a process's place in its job as the launcher tells it through the environment
 // (tessera-launch, or torchrun-compatible launchers), read in one place: RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, TESSERA_JOB, and where the job's store is (MASTER_ADDR,
-// MASTER_PORT, TESSERA_STORE_SECRET, TESSERA_STORE_SERVER). Unset variables mean a single process
+// TESSERA_STORE_PORT, else MASTER_PORT, TESSERA_STORE_SECRET, TESSERA_STORE_SERVER). tessera-launch
+// sets TESSERA_STORE_PORT and leaves MASTER_PORT (one above) to torch.distributed, whose env://
+// store would otherwise take the same port; under another launcher the store is on MASTER_PORT. Unset variables mean a single process
 // (rank 0 of 1) whose store it hosts itself on 127.0.0.1:29500. A value that does not parse is an
 // error naming the variable. Reading the environment is all it does (it is in core so that every
 // layer can ask; transport/launch_env.h names it for transport's users).
@@ -63,9 +65,11 @@ struct LaunchEnv {
       throw Error("launcher environment: RANK=" + std::to_string(e.rank) + " is not in [0, WORLD_SIZE=" +
                   std::to_string(e.world_size) + ")");
     e.master_addr = env_string("MASTER_ADDR", e.master_addr);
-    e.master_port = env_int("MASTER_PORT", e.master_port);
+    const char* port_variable = std::getenv("TESSERA_STORE_PORT") ? "TESSERA_STORE_PORT" : "MASTER_PORT";
+    e.master_port = env_int(port_variable, e.master_port);
     if (e.master_port < 1 || e.master_port > 65535)
-      throw Error("launcher environment: MASTER_PORT=" + std::to_string(e.master_port) + " is not a TCP port");
+      throw Error(std::string("launcher environment: ") + port_variable + "=" + std::to_string(e.master_port) +
+                  " is not a TCP port");
     e.store_secret = env_string("TESSERA_STORE_SECRET", "");
     const std::string server = env_string("TESSERA_STORE_SERVER", "");
     e.hosts_store = server.empty() ? e.rank == 0 : server == "1";

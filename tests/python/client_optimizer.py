@@ -9,22 +9,17 @@ single-process PyTorch oracle running the same optimizer class, bit for bit afte
 Negative control: an oracle with a perturbed lr differs. Bad input: maximize=True, an optimizer section in the config
 as well, an optimizer that already holds state, a step() that raises: tessera.ConfigError / tessera.Error naming it.
 Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 client_optimizer.py"""
-import sys
 
 import torch
 
 import tessera
+from checks import Checks
 from pytorch_oracle import train_averaged
 
 STEPS, BATCH = 12, 8
 rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"rank {rank}: FAILED: {what}", flush=True)
+check = Checks(f"rank {rank}")
+expect, expect_error = check.expect, check.expect_error
 
 
 def model_of():
@@ -108,18 +103,6 @@ expect(not same(oracle(CASES["RMSprop (own step)"][0], 1.0001), oracle(CASES["RM
        "a perturbed oracle equals the oracle")
 
 
-def expect_error(cls, words, call):
-    try:
-        call()
-    except cls as e:
-        expect(all(w in str(e) for w in words), f"{cls.__name__} without {words}: {e}")
-        return
-    except Exception as e:  # noqa: BLE001
-        expect(False, f"expected {cls.__name__} with {words}, got {type(e).__name__}: {e}")
-        return
-    expect(False, f"expected {cls.__name__} with {words}: nothing raised")
-
-
 m = model_of()
 expect_error(tessera.ConfigError, ["maximize"],
              lambda: tessera.initialize(model=m, optimizer=torch.optim.Adam(m.parameters(), maximize=True), config=config(1)))
@@ -144,6 +127,4 @@ engine, _, _, _ = tessera.initialize(model=m, optimizer=Broken(m.parameters(), l
 engine.backward(loss_of(engine, 0, rank))
 expect_error(tessera.Error, ["step() raised", "this optimizer is broken"], engine.step)
 
-if failures:
-    sys.exit(f"rank {rank}: {len(failures)} failure(s)")
-print(f"rank {rank}: client optimizer ok ({len(CASES)} classes, bitwise equal to the PyTorch oracle)", flush=True)
+check.finish(f"client optimizer ok ({len(CASES)} classes, bitwise equal to the PyTorch oracle)")

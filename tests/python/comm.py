@@ -3,20 +3,15 @@
 what the others hold): all_reduce sum / avg / max (in place, a 2-d tensor), all_gather and all_gather_into_tensor
 (rank order), broadcast from rank 1, barrier; the engine still trains beside them; bad input (a process group,
 async_op, an unknown op) raises tessera.ConfigError. Usage: tessera-launch --nproc-per-node 2 python3 comm.py"""
-import sys
 
 import torch
 
 import tessera
+from checks import Checks
 
 rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"rank {rank}: FAILED: {what}", flush=True)
+check = Checks(f"rank {rank}")
+expect = check.expect
 
 
 def mine(r):
@@ -57,6 +52,4 @@ for call, words in ((lambda: tessera.comm.all_reduce(mine(rank), group=object())
         expect(False, f"{words}: nothing raised")
     except tessera.ConfigError as e:
         expect(words in str(e), f"{words}: {e}")
-if failures:
-    sys.exit(f"rank {rank}: {len(failures)} failure(s)")
-print(f"rank {rank}: comm ok", flush=True)
+check.finish("comm ok")

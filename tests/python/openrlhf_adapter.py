@@ -28,13 +28,13 @@ import json
 import os
 import shutil
 import struct
-import sys
 import tempfile
 import types
 
 import torch
 
 import tessera
+from checks import Checks
 from pytorch_oracle import train_averaged
 from tessera.integrations.openrlhf import TesseraStrategy
 
@@ -42,25 +42,8 @@ STEPS, MICRO, LR, DECAY, BETAS = 8, 4, 3e-3, 0.1, (0.9, 0.95)
 rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
 mse = torch.nn.functional.mse_loss
 TIMEOUT = {"tessera": {"transport": {"collective_timeout_ms": 60000}}}
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"rank {rank}: FAILED: {what}", flush=True)
-
-
-def expect_error(cls, words, call):
-    try:
-        call()
-    except cls as e:
-        expect(all(w in str(e) for w in words), f"the error does not say {words}: {e}")
-        return
-    except Exception as e:  # noqa: BLE001
-        expect(False, f"expected {cls.__name__} with {words}, got {type(e).__name__}: {e}")
-        return
-    expect(False, f"expected {cls.__name__} with {words}: nothing raised")
+check = Checks(f"rank {rank}")
+expect, expect_error = check.expect, check.expect_error
 
 
 def model_of():
@@ -255,7 +238,5 @@ with contextlib.redirect_stdout(printed):
     strategy.print("hello")
 expect(printed.getvalue() == ("hello\n" if rank == 0 else ""), f"print gave {printed.getvalue()!r}")
 
-if failures:
-    sys.exit(f"rank {rank}: {len(failures)} failure(s)")
 report = "; ".join(f"{k}: norms within {v:.1e} (relative)" for k, v in closeness.items())
-print(f"rank {rank}: openrlhf adapter ok ({report})", flush=True)
+check.finish(f"openrlhf adapter ok ({report})")

@@ -26,37 +26,24 @@ Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 verl_adapter.py"""
 import math
 import os
 import shutil
-import sys
 import tempfile
 
 import torch
 
 import tessera
+from checks import Checks
 from pytorch_oracle import train_averaged
 from tessera.integrations.verl import TesseraVerlEngine
 
 STEPS, MICRO, LR, DECAY = 8, 4, 3e-3, 0.01
 rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
 mse = torch.nn.functional.mse_loss
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"rank {rank}: FAILED: {what}", flush=True)
+check = Checks(f"rank {rank}")
+expect = check.expect
 
 
 def expect_error(words, call):
-    try:
-        call()
-    except tessera.Error as e:
-        expect(all(w in str(e) for w in words), f"the error does not say {words}: {e}")
-        return
-    except Exception as e:  # noqa: BLE001
-        expect(False, f"expected tessera.Error with {words}, got {type(e).__name__}: {e}")
-        return
-    expect(False, f"expected tessera.Error with {words}: nothing raised")
+    check.expect_error(tessera.Error, words, call)
 
 
 def model_of():
@@ -292,7 +279,5 @@ if rank == 1:
 engine.forward_backward_batch({"x": x, "y": y}, loss_function)
 expect_error(["nan", "update was applied"], engine.optimizer_step)
 
-if failures:
-    sys.exit(f"rank {rank}: {len(failures)} failure(s)")
 report = "; ".join(f"{k}: norms within {n:.1e} (relative), weights within {w:.1e}" for k, (n, w) in closeness.items())
-print(f"rank {rank}: verl adapter ok ({report})", flush=True)
+check.finish(f"verl adapter ok ({report})")

@@ -7,22 +7,17 @@ engine from Python, at 2 ranks and ZeRO stages 0-3 after 6 steps of AdamW:
   one unit at a time (while one is yielded, the other units hold no memory) and released after.
 Negative control: a weight of the oracle perturbed by one ulp is noticed.
 Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 weight_export.py"""
-import sys
 
 import torch
 
 import tessera
+from checks import Checks
 from pytorch_oracle import train_averaged
 
 STEPS, BATCH, LR = 6, 4, 2e-3
 rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"rank {rank}: FAILED: {what}", flush=True)
+check = Checks(f"rank {rank}")
+expect = check.expect
 
 
 def model_of():
@@ -92,6 +87,4 @@ dtypes = {m.dtype for m in engine.weight_metadata()}
 expect(dtypes == {torch.bfloat16}, f"bf16 training: weight_metadata dtypes {dtypes}")
 expect(all(t.dtype == torch.bfloat16 for _, t in engine.named_weights()), "bf16 training: named_weights not bf16")
 
-if failures:
-    sys.exit(f"rank {rank}: {len(failures)} failure(s)")
-print(f"rank {rank}: weight export ok (stages 0-3, bitwise equal to the PyTorch oracle)", flush=True)
+check.finish("weight export ok (stages 0-3, bitwise equal to the PyTorch oracle)")

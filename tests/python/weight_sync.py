@@ -19,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "python"))
 import tessera  # noqa: E402
 from decoder import Decoder  # noqa: E402
+from checks import Checks  # noqa: E402
 from hf_dir import write_hf_dir  # noqa: E402
 from pytorch_oracle import train_averaged  # noqa: E402
 
@@ -29,13 +30,8 @@ CONFIG = {"model_type": FAMILY, "vocab_size": 64, "hidden_size": 32, "intermedia
 SYNC_AFTER, LR, WORLD = (3, 6), 3e-3, 2
 PROMPTS = [[1, 5, 9, 2], [7, 7, 3], [60, 1]]
 role, rank = os.environ["TESSERA_UCX_ROLE"], tessera.comm.get_rank()
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"{role} rank {rank}: FAILED: {what}", flush=True)
+check = Checks(f"{role} rank {rank}")
+expect = check.expect
 
 
 def model_of():
@@ -117,6 +113,4 @@ def oracle_dir(model, name):
 
 
 (train_side if role == "train" else rollout_side)()
-if failures:
-    sys.exit(f"{role} rank {rank}: {len(failures)} failure(s)")
-print(f"{role} rank {rank}: python weight sync ok ({FAMILY}, stage {STAGE})", flush=True)
+check.finish(f"python weight sync ok ({FAMILY}, stage {STAGE})")

@@ -7,22 +7,17 @@ class defined inside the scope; a stage-3 engine built from it trains 10 steps t
 restores every class on exit; a stage-2 config refuses a cut model by name; GatheredParameters writes rank 0's
 change back and refuses cut parameters before initialize. Negative control: a perturbed oracle differs.
 Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 zero_init.py"""
-import sys
 
 import torch
 
 import tessera
+from checks import Checks
 from pytorch_oracle import train_averaged
 
 STEPS, BATCH, LR = 10, 4, 2e-3
 rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"rank {rank}: FAILED: {what}", flush=True)
+check = Checks(f"rank {rank}")
+expect = check.expect
 
 
 class ScaledLinear(torch.nn.Linear):
@@ -99,6 +94,4 @@ try:
     expect(False, "a stage-2 engine took a model cut by zero.Init")
 except tessera.ConfigError as e:
     expect("partitioned construction" in str(e), f"stage 2: {e}")
-if failures:
-    sys.exit(f"rank {rank}: {len(failures)} failure(s)")
-print(f"rank {rank}: zero init ok", flush=True)
+check.finish("zero init ok")

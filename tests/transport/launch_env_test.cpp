@@ -22,3 +22,17 @@ TEST_CASE("LaunchEnv: defaults, torchrun variables, bad values", "[launch_env]")
   CHECK_THROWS_WITH(LaunchEnv::from_env(), Catch::Contains("RANK=3") && Catch::Contains("WORLD_SIZE=2"));
   for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TESSERA_JOB"}) unsetenv(name);
 }
+
+// tessera-launch puts the store on TESSERA_STORE_PORT and leaves MASTER_PORT to torch.distributed;
+// other launchers (torchrun) give only MASTER_PORT, which the store then uses.
+TEST_CASE("LaunchEnv: the store's port is TESSERA_STORE_PORT, else MASTER_PORT", "[launch_env]") {
+  unsetenv("TESSERA_STORE_PORT");
+  setenv("MASTER_PORT", "29611", 1);
+  CHECK(LaunchEnv::from_env().master_port == 29611);
+  setenv("TESSERA_STORE_PORT", "29610", 1);
+  CHECK(LaunchEnv::from_env().master_port == 29610);
+  setenv("TESSERA_STORE_PORT", "70000", 1);
+  CHECK_THROWS_WITH(LaunchEnv::from_env(), Catch::Contains("TESSERA_STORE_PORT=70000"));
+  unsetenv("TESSERA_STORE_PORT");
+  unsetenv("MASTER_PORT");
+}

@@ -37,10 +37,12 @@ def alive(pid):
 class Env(unittest.TestCase):
     def test_torchrun_variables(self):
         r = launch(["--nproc-per-node", "3", "--master-port", "29777", "--job", "jobA", "--",
-                    "sh", "-c", "echo ENV $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $TESSERA_JOB"])
+                    "sh", "-c", "echo ENV $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $TESSERA_STORE_PORT "
+                    "$MASTER_PORT $TESSERA_JOB"])
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = sorted(l for l in r.stdout.splitlines() if "ENV" in l)
-        self.assertEqual(lines, [f"[rank{i}]: ENV {i} {i} 3 3 127.0.0.1 29777 jobA" for i in range(3)])
+        # tessera's store on the given port, MASTER_PORT above it for torch.distributed's env:// store.
+        self.assertEqual(lines, [f"[rank{i}]: ENV {i} {i} 3 3 127.0.0.1 29777 29778 jobA" for i in range(3)])
 
     def test_store_secret_in_the_environment_only(self):
         # Every rank of a job gets the same fresh secret, in its environment and nowhere on a
@@ -91,7 +93,7 @@ class Env(unittest.TestCase):
             "SLURM_TASKS_PER_NODE": "2(x4)", "SLURM_JOB_NODELIST": "node[07-10]"})
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("started by slurm: RANK=5 WORLD_SIZE=8 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 "
-                      "MASTER_ADDR=node07 MASTER_PORT=29500 TESSERA_JOB=s prog", r.stdout)
+                      "MASTER_ADDR=node07 TESSERA_STORE_PORT=29500 MASTER_PORT=29501 TESSERA_JOB=s prog", r.stdout)
 
     def test_mpirun_mapping_execs_program(self):
         r = launch(["sh", "-c", "echo ENV $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE"], env={
