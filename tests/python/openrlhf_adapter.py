@@ -35,6 +35,7 @@ import torch
 
 import tessera
 from checks import Checks
+from mlp_task import NAMES, model_of, rows
 from pytorch_oracle import train_averaged
 from tessera.integrations.openrlhf import TesseraStrategy
 
@@ -44,20 +45,6 @@ mse = torch.nn.functional.mse_loss
 TIMEOUT = {"tessera": {"transport": {"collective_timeout_ms": 60000}}}
 check = Checks(f"rank {rank}")
 expect, expect_error = check.expect, check.expect_error
-
-
-def model_of():
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 8))
-
-
-NAMES = [name for name, _ in model_of().named_parameters()]
-
-
-def rows(step, r, n):
-    g = torch.Generator().manual_seed(10000 * step + r)
-    return torch.randn(n, 32, generator=g), torch.randn(n, 8, generator=g)
 
 
 def strategy_of(stage, clip=0.0, gas=1, **kwargs):
