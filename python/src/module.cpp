@@ -13,6 +13,7 @@
 #include "actors/engine/engine.h"
 #include "actors/rollout/weight_sync.h"
 #include "core/config/load.h"
+#include "core/affine/serialize.h"
 #include "core/error.h"
 #include "core/zero/leaf_modules.h"
 #include "core/zero/partitioned_construction.h"
@@ -182,6 +183,16 @@ PYBIND11_MODULE(_tessera, m) {
       .def("zero_grad", [](PyEngine& e) { e.engine->zero_grad(); })
       .def("forward_scope", [](std::shared_ptr<PyEngine> e) { return PyScope([e] { return e->engine->forward_scope(); }); })
       .def("no_sync", [](std::shared_ptr<PyEngine> e) { return PyScope([e] { return e->engine->no_sync(); }); })
+      .def("coalesce_grad_reduction",
+           [](std::shared_ptr<PyEngine> e) { return PyScope([e] { return e->engine->coalesce_grad_reduction(); }); })
+      .def("scale", [](PyEngine& e, const at::Tensor& loss) { return e.engine->scale(loss); })
+      // (maps: [(kind, buffer, the map as JSON)], buffers: {key: this rank's flat buffer}).
+      .def("storage_maps", [](PyEngine& e) {
+        const auto storage = e.engine->storage_maps();
+        std::vector<std::tuple<std::string, std::string, std::string>> maps;
+        for (const auto& m : storage.maps) maps.emplace_back(m.kind, m.buffer, affine::map_to_json(m.map));
+        return std::make_pair(maps, storage.buffers);
+      })
       .def("is_gradient_accumulation_boundary", [](PyEngine& e) { return e.engine->is_gradient_accumulation_boundary(); })
       .def("get_lr", [](PyEngine& e) { return e.engine->get_lrs(); })
       .def("get_last_lr", [](PyEngine& e) { return e.engine->last_lrs(); })

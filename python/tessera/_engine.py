@@ -14,6 +14,8 @@ from .utils import leaf_module_names
 
 
 WeightInfo = collections.namedtuple("WeightInfo", ["name", "dtype", "shape"])
+StoredMap = collections.namedtuple("StoredMap", ["kind", "buffer", "map"])
+StorageMaps = collections.namedtuple("StorageMaps", ["maps", "buffers"])
 
 
 def _named_parameters(model):
@@ -114,6 +116,23 @@ class TesseraEngine:
 
     def no_sync(self):
         return self._engine.no_sync()
+
+    def scale(self, loss):
+        """The loss as backward() differentiates it (over the accumulation steps, times the fp16 loss scale), for
+        scripts that call loss.backward() themselves: engine.scale(loss).backward(); engine.step()."""
+        if not isinstance(loss, torch.Tensor):
+            raise _tessera.Error(f"scale: the loss must be a tensor, not {type(loss).__name__}")
+        return self._engine.scale(loss)
+
+    def coalesce_grad_reduction(self):
+        """Several backward() calls whose gradients are reduced once, when the block ends."""
+        return self._engine.coalesce_grad_reduction()
+
+    def storage_maps(self):
+        """What this rank stores, as affine maps (StoredMap(kind, buffer, map) with the map as a dict, see
+        actors/engine/storage_maps.h), and this rank's flat buffers by key. Call between steps."""
+        maps, buffers = self._engine.storage_maps()
+        return StorageMaps([StoredMap(kind, buffer, json.loads(text)) for kind, buffer, text in maps], buffers)
 
     def is_gradient_accumulation_boundary(self):
         return self._engine.is_gradient_accumulation_boundary()
