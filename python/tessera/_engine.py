@@ -9,6 +9,7 @@ import torch
 
 from . import _tessera, zero
 from ._optimizer import client_optimizer
+from ._scheduler import ClientScheduler, EngineScheduler
 from ._zero3 import install_unit_hooks
 from .utils import leaf_module_names
 
@@ -80,7 +81,7 @@ class TesseraEngine:
     def __init__(self, module, engine):
         self.module = module
         self._engine = engine
-        self._hooks, self._sender = [], None
+        self._hooks, self._sender, self._client_scheduler = [], None, None
         _live_engines.add(self)
 
     def destroy(self):
@@ -89,9 +90,10 @@ class TesseraEngine:
         no C++ thread outlives Python's finalisation. The engine cannot be used afterwards."""
         for handle in self._hooks:
             handle.remove()
-        self._hooks, self._sender = [], None
-        optimizer = getattr(self, "optimizer", None)
-        holders = [self, optimizer, getattr(self, "lr_scheduler", None)] + (optimizer.param_groups if optimizer else [])
+        self._hooks, self._sender, self._client_scheduler = [], None, None
+        optimizer, scheduler = getattr(self, "optimizer", None), getattr(self, "lr_scheduler", None)
+        holders = [self, optimizer, scheduler if isinstance(scheduler, EngineScheduler) else None]
+        holders += optimizer.param_groups if optimizer else []
         for holder in holders:
             if holder is not None:
                 holder._engine = None
@@ -109,7 +111,10 @@ class TesseraEngine:
         return loss
 
     def step(self, lr_kwargs=None):
+        boundary, skipped = self._engine.is_gradient_accumulation_boundary(), self._engine.skipped_steps
         self._engine.step()
+        if self._client_scheduler is not None and boundary and self._engine.skipped_steps == skipped:
+            self._client_scheduler.step(lr_kwargs)  # after an update, as DeepSpeed steps a client scheduler
 
     def zero_grad(self):
         self._engine.zero_grad()
@@ -268,12 +273,14 @@ class _ParamGroup(dict):
         return super().__setitem__(key, value)
 
 
-class EngineOptimizer:
+class EngineOptimizer(torch.optim.Optimizer):
     """What initialize returns as the optimizer (DeepSpeed's ZeRO optimizer): the engine steps it; scripts read and
-    set param_groups' lr and call zero_grad()."""
+    set param_groups' lr and call zero_grad(). A torch.optim.Optimizer, so that torch's lr schedulers can be built
+    on it (DeepSpeed's lr_scheduler factory); its state is the engine's (storage_maps())."""
 
-    def __init__(self, engine, groups):
+    def __init__(self, engine, groups):  # not Optimizer.__init__: the engine owns the parameters and states
         self._engine = engine
+        self.defaults, self.state = {}, {}
         self.param_groups = [_ParamGroup(engine, i, params) for i, params in enumerate(groups)]
 
     def zero_grad(self, set_to_none=True):
@@ -283,40 +290,18 @@ class EngineOptimizer:
         raise _tessera.Error("optimizer.step(): the engine steps the optimizer; call engine.step()")
 
 
-class EngineScheduler:
-    """What initialize returns as the lr scheduler when the config has a `scheduler` section: the engine steps it
-    after every update that was not skipped, as DeepSpeed does; step() here is a no-op for scripts that call it."""
-
-    def __init__(self, engine):
-        self._engine = engine
-
-    def get_lr(self):
-        return self._engine.get_lr()
-
-    def get_last_lr(self):
-        return self._engine.get_last_lr()
-
-    @property
-    def last_batch_iteration(self):
-        return self._engine.last_batch_iteration()
-
-    def step(self, *args, **kwargs):
-        pass
-
-
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None):
     """deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler). Collective: every rank
     calls it. The optimizer is the config's `optimizer` section or a client torch.optim optimizer (or a callable
-    building one from model_parameters; _optimizer.py); the scheduler comes from the config's `scheduler` section;
+    building one from model_parameters; _optimizer.py); the scheduler comes from the config's `scheduler` section
+    or is the client's lr_scheduler (a torch scheduler, or a callable building one on the optimizer; _scheduler.py);
     with training_data (a torch Dataset) the dataloader is DeepSpeed's: this rank's share through a
     DistributedSampler (shuffled, seed 0), micro-batches of train_micro_batch_size_per_gpu, collate_fn."""
     if not isinstance(model, torch.nn.Module):
         raise _tessera.ConfigError("initialize: model must be a torch.nn.Module")
-    for name, value in (("lr_scheduler", lr_scheduler), ("mpu", mpu)):
-        if value is not None:
-            raise _tessera.ConfigError(f"initialize: {name}= is not supported from Python yet (give the scheduler in "
-                                       f"the config)")
+    if mpu is not None:
+        raise _tessera.ConfigError("initialize: mpu= is not supported (tessera has no model parallelism yet)")
     text, is_path = _config(args, config, config_params)
     client_kind, client_groups, client_step = None, [], None
     if optimizer is not None:
@@ -340,6 +325,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     groups = [[by_name[n] for n in names] for names in group_names] or [[p for p in model.parameters() if p.requires_grad]]
     engine_optimizer = EngineOptimizer(engine._engine, groups)
     scheduler = EngineScheduler(engine._engine) if engine._engine.has_scheduler() else None
+    if lr_scheduler is not None:
+        if scheduler is not None:
+            raise _tessera.ConfigError("initialize: lr_scheduler= and the config's `scheduler` section were both given; "
+                                       "keep one")
+        engine._client_scheduler = ClientScheduler(engine._engine, lr_scheduler,
+                                                   optimizer if optimizer is not None else engine_optimizer)
+        scheduler = engine._client_scheduler.scheduler
     engine.optimizer, engine.lr_scheduler, engine.client_optimizer = engine_optimizer, scheduler, optimizer
     engine.training_dataloader = None if training_data is None else _dataloader(engine, training_data, collate_fn)
     return engine, engine_optimizer, engine.training_dataloader, scheduler

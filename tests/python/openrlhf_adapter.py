@@ -18,9 +18,11 @@ strategy.optimizer_step) from create_optimizer's two groups (no weight decay on 
   - an eval model at stage 3 (tessera's ZeRO inference engine) gives the plain module's outputs bitwise; below
     stage 3 prepare returns the module itself;
   - negative controls: a perturbed oracle (lr x 1.0001) and an oracle that decays the biases differ;
-  - refused: offload_states / reload_states (tessera.Error naming issue 25), args.adam_offload, a client lr
-    scheduler, save_ckpt with another max_num, save_pretrained options; no all_reduce / all_gather (tessera.comm
-    has no collectives); get_rank / world_size / is_rank_0 / print follow the launch environment.
+  - a client LambdaLR passed to prepare sets the engine's lr after every update as torch's formula says;
+    all_reduce (mean / max / sum, numbers, tensors and dicts) and all_gather against values computed here;
+  - refused: offload_states / reload_states (tessera.Error naming issue 25), args.adam_offload, save_ckpt with
+    another max_num, save_pretrained options; get_rank / world_size / is_rank_0 / print follow the launch
+    environment.
 Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 openrlhf_adapter.py"""
 import contextlib
 import io
@@ -215,9 +217,22 @@ expect_error(tessera.ConfigError, ["adam_offload", "issue 25"],
              lambda: TesseraStrategy(args=types.SimpleNamespace(param_dtype="fp32", adam_offload=True)))
 expect_error(tessera.Error, ["prepare() returned"], lambda: strategy.backward(torch.zeros(()), model_of(), None))
 model = model_of()
-schedule = torch.optim.lr_scheduler.LambdaLR(strategy.create_optimizer(model, lr=LR, weight_decay=DECAY), lambda s: 1.0)
-expect_error(tessera.ConfigError, ["lr_scheduler"], lambda: strategy.prepare((model, schedule.optimizer, schedule)))
-expect(not hasattr(strategy, "all_reduce") and not hasattr(strategy, "all_gather"), "all_reduce/all_gather exist")
+# A client scheduler (OpenRLHF always passes one): torch's LambdaLR sets the engine's lr after every update.
+schedule = torch.optim.lr_scheduler.LambdaLR(strategy.create_optimizer(model, lr=LR, weight_decay=DECAY),
+                                             lambda s: 0.5 ** s)
+engine, optim, returned = strategy.prepare((model, schedule.optimizer, schedule))
+expect(returned is schedule, "prepare did not return the client's scheduler")
+for k in range(3):
+    expect(engine.get_lr() == [LR * 0.5 ** k] * 2, f"update {k}: lr {engine.get_lr()}, LambdaLR says {LR * 0.5 ** k}")
+    x, y = rows(k, rank, MICRO)
+    strategy.backward(mse(engine(x), y), engine, optim)
+    strategy.optimizer_step(optim, engine, returned)
+# Collectives over every rank, as OpenRLHF's strategy offers them.
+reduced = strategy.all_reduce({"n": float(rank + 1), "t": torch.full((2,), float(rank))}, op="mean")
+expect(reduced["n"] == (1 + world) / 2 and torch.equal(reduced["t"], torch.full((2,), (world - 1) / 2)), f"{reduced}")
+expect(strategy.all_reduce(rank, op="max") == world - 1 and strategy.all_reduce(1.0, op="sum") == world, "max / sum")
+gathered = strategy.all_gather(torch.tensor([rank, 10 * rank]))
+expect(torch.equal(gathered, torch.tensor([v for r in range(world) for v in (r, 10 * r)])), f"all_gather {gathered}")
 expect(strategy.get_rank() == rank and strategy.world_size == world and strategy.is_rank_0() == (rank == 0),
        "get_rank / world_size / is_rank_0")
 printed = io.StringIO()

@@ -16,11 +16,7 @@ Actor wrapper (unwrap actor.model and put the engine back yourself).
 
 What tessera does not offer, refused with a tessera.Error rather than done halfway:
   - offload (issue 25): offload_states / reload_states raise; so do args.adam_offload and an eval model's offload.
-  - a client lr scheduler: tessera.initialize takes the scheduler from the config's `scheduler` section only, so
-    prepare((model, optim, scheduler)) with a scheduler raises its ConfigError.
-  - collectives: tessera.comm gives the rank and world size only (no all-reduce, all-gather or barrier), so this
-    strategy has no all_reduce / all_gather, and save_model's rank-0 files (tokenizer, config.json) are written
-    without OpenRLHF's closing barrier: other ranks must not read them back at once.
+  - process groups: all_reduce / all_gather / barrier span every launched rank (tessera.comm).
   - save_ckpt's max_mem (a size budget): tessera prunes by count (tessera.checkpoint.keep_last = max_ckpt_num),
     not by size; a warning says so.
   - tensor/sequence parallelism (ds_tensor_parallel_size, ring_attn_size), ZeRO++ (zpg) and deepcompile.
@@ -203,6 +199,28 @@ class TesseraStrategy:
                 tokenizer.save_pretrained(output_dir)
             if hasattr(getattr(engine.module, "config", None), "save_pretrained"):
                 engine.module.config.save_pretrained(output_dir)
+        comm.barrier()  # the rank-0 files are there for every rank afterwards
+
+    def all_reduce(self, data, op="mean"):
+        """OpenRLHF's all_reduce: a number, a tensor or a dict of them, over every rank (op mean, max or sum); numbers
+        come back as numbers."""
+        if isinstance(data, dict):
+            return {k: self.all_reduce(v, op) for k, v in data.items()}
+        if op not in ("mean", "max", "sum"):
+            raise _tessera.ConfigError(f"all_reduce: op '{op}' is not one of mean, max, sum")
+        scalar = not isinstance(data, torch.Tensor)
+        t = torch.tensor([float(data)]) if scalar else data.detach().clone().contiguous()
+        comm.all_reduce(t, op={"mean": "avg", "max": "max", "sum": "sum"}[op])
+        return t.item() if scalar else t
+
+    def all_gather(self, data):
+        """OpenRLHF's all_gather: every rank's tensor (or dict of them) concatenated along dim 0 in rank order."""
+        if isinstance(data, dict):
+            return {k: self.all_gather(v) for k, v in data.items()}
+        t = torch.tensor([float(data)]) if not isinstance(data, torch.Tensor) else data.detach().contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        comm.all_gather(parts, t)
+        return torch.cat(parts)
 
     def offload_states(self, model=None, pin_memory=True, non_blocking=True):
         raise _tessera.Error("offload_states: tessera cannot offload its optimizer states, gradients or weights to "
