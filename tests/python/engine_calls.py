@@ -38,19 +38,7 @@ def adamw(model):
 def coalesced_oracle(parts=2):
     """Each rank's micro-batches differentiated one after the other into .grad, the ranks averaged, AdamW."""
     model = model_of()
-    optimizer, params = adamw(model), list(model.parameters())
-    for step in range(STEPS):
-        sums = None
-        for r in range(world):
-            optimizer.zero_grad(set_to_none=True)
-            for part in range(parts):
-                loss_of(model, step, r, part).backward()
-            grads = [p.grad.clone() for p in params]
-            sums = grads if sums is None else [s.add_(g) for s, g in zip(sums, grads)]
-        for p, s in zip(params, sums):
-            p.grad = s.div_(world)
-        optimizer.step()
-    return [p.detach().clone() for p in params]
+    return train_averaged(model, adamw(model), loss_of, STEPS, world, micro_batches=parts)
 
 
 def weights(engine, model):

@@ -38,7 +38,7 @@ import torch
 import tessera
 from checks import Checks
 from mlp_task import NAMES, model_of, rows
-from pytorch_oracle import train_averaged
+from pytorch_oracle import ClippedAdamW, train_averaged
 from tessera.integrations.openrlhf import TesseraStrategy
 
 STEPS, MICRO, LR, DECAY, BETAS = 8, 4, 3e-3, 0.1, (0.9, 0.95)
@@ -78,20 +78,6 @@ def train(strategy, engine, optim, scheduler, first, last, gas=1):
 def weights(engine):
     with engine.gathered_parameters():  # whole at ZeRO-3; nothing to do below it
         return {name: p.detach().clone() for name, p in engine.module.named_parameters()}
-
-
-class ClippedAdamW(torch.optim.AdamW):
-    """AdamW that clips the (averaged) gradients first, as the engine does, and records the norm."""
-
-    def __init__(self, groups, clip, **kwargs):
-        super().__init__(groups, **kwargs)
-        self.clip, self.norms = clip, []
-
-    def step(self, closure=None):
-        if self.clip:
-            params = [p for g in self.param_groups for p in g["params"]]
-            self.norms.append(torch.nn.utils.clip_grad_norm_(params, self.clip).item())
-        return super().step(closure)
 
 
 def oracle(lr=LR, clip=0.0, gas=1, decay_biases=False):

@@ -33,7 +33,7 @@ import torch
 import tessera
 from checks import Checks
 from mlp_task import NAMES, model_of, rows
-from pytorch_oracle import train_averaged
+from pytorch_oracle import ClippedAdamW, train_averaged
 from tessera.integrations.verl import TesseraVerlEngine
 
 STEPS, MICRO, LR, DECAY = 8, 4, 3e-3, 0.01
@@ -83,20 +83,6 @@ def exported(engine):
     tensors, peft_config = engine.get_per_tensor_param()
     expect(peft_config is None, f"get_per_tensor_param's PEFT config is {peft_config}")
     return dict(tensors)  # kept past the walk, as a consumer that buckets them does (ZeRO-3 yields copies)
-
-
-class ClippedAdamW(torch.optim.AdamW):
-    """AdamW that clips the (averaged) gradients first, as the engine does, and records the norm."""
-
-    def __init__(self, params, clip, **kwargs):
-        super().__init__(params, **kwargs)
-        self.clip, self.norms = clip, []
-
-    def step(self, closure=None):
-        if self.clip:
-            params = [p for g in self.param_groups for p in g["params"]]
-            self.norms.append(torch.nn.utils.clip_grad_norm_(params, self.clip).item())
-        return super().step(closure)
 
 
 def oracle(lr=LR, clip=None, gas=1, reduce_each_micro_step=False):
