@@ -8,6 +8,10 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/version.h>
 
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <exception>
 #include <optional>
 
 #include "actors/engine/engine.h"
@@ -94,6 +98,18 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
   return out;
 }
 
+// Prints where std::terminate was called from, then hands over to the handler that was there (the
+// runtime's, which names the exception): a C++ abort under Python otherwise leaves no trace.
+std::terminate_handler previous_terminate = nullptr;
+void terminate_with_backtrace() {
+  static const char header[] = "tessera: std::terminate called; native backtrace:\n";
+  (void)!write(STDERR_FILENO, header, sizeof(header) - 1);
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  if (previous_terminate) previous_terminate();
+  std::abort();
+}
+
 void register_errors(py::module_& m) {
   // Base classes first: pybind11 tries the most recently registered translator first.
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
@@ -133,6 +149,7 @@ PYBIND11_MODULE(_tessera, m) {
   m.doc() = "tessera's C++ engine (import the tessera package, not this module)";
   m.attr("torch_version") = TORCH_VERSION;  // the LibTorch this module was built against
   register_errors(m);
+  previous_terminate = std::set_terminate(terminate_with_backtrace);
   bind_rollout(m);
   bind_store(m);
   bind_comm(m);
