@@ -24,21 +24,23 @@ double setting(const ClientGroup& group, size_t g, const std::string& key) {
   return it->second;
 }
 
+// Adam and AdamW take the same settings under the same names.
+template <typename Options, typename Get>
+std::unique_ptr<torch::optim::OptimizerOptions> adam_options(const Get& get) {
+  return std::make_unique<Options>(Options(get("lr"))
+                                       .betas({get("beta1"), get("beta2")})
+                                       .eps(get("eps"))
+                                       .weight_decay(get("weight_decay"))
+                                       .amsgrad(get("amsgrad") != 0));
+}
+
 std::unique_ptr<torch::optim::OptimizerOptions> translated_options(ClientKind kind, const ClientGroup& group, size_t g) {
   auto get = [&](const char* key) { return setting(group, g, key); };
   switch (kind) {
     case ClientKind::Adam:
-      return std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(get("lr"))
-                                                             .betas({get("beta1"), get("beta2")})
-                                                             .eps(get("eps"))
-                                                             .weight_decay(get("weight_decay"))
-                                                             .amsgrad(get("amsgrad") != 0));
+      return adam_options<torch::optim::AdamOptions>(get);
     case ClientKind::AdamW:
-      return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(get("lr"))
-                                                              .betas({get("beta1"), get("beta2")})
-                                                              .eps(get("eps"))
-                                                              .weight_decay(get("weight_decay"))
-                                                              .amsgrad(get("amsgrad") != 0));
+      return adam_options<torch::optim::AdamWOptions>(get);
     case ClientKind::SGD:
       return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(get("lr"))
                                                             .momentum(get("momentum"))

@@ -8,7 +8,7 @@ import weakref
 import torch
 
 from . import _tessera, zero
-from ._optimizer import client_optimizer
+from ._optimizer import client_optimizer, parameter_name
 from ._scheduler import ClientScheduler, EngineScheduler
 from ._zero3 import install_unit_hooks
 from .utils import leaf_module_names
@@ -40,12 +40,10 @@ def _groups(model, model_parameters):
             raise _tessera.ConfigError(f"initialize: model_parameters[{g}] must be a tensor or a dict with 'params'")
         names = []
         for p in group["params"]:
-            if not isinstance(p, torch.Tensor) or id(p) not in names_of:
-                raise _tessera.ConfigError(f"initialize: model_parameters group {g} holds a tensor that is not a "
-                                           f"parameter of the model")
+            name = parameter_name(p, names_of, f"model_parameters group {g}")
             if not p.is_leaf:
-                raise _tessera.ConfigError(f"initialize: model_parameters group {g}: '{names_of[id(p)]}' is not a leaf")
-            names.append(names_of[id(p)])
+                raise _tessera.ConfigError(f"initialize: model_parameters group {g}: '{name}' is not a leaf")
+            names.append(name)
         options = {}
         for key, value in group.items():
             if key == "params":

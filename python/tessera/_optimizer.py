@@ -17,10 +17,11 @@ _MAPPED = {"lr", "betas", "eps", "weight_decay", "amsgrad", "momentum", "dampeni
            "initial_accumulator_value", "foreach"}
 
 
-def _name(p, names_of, g):
+def parameter_name(p, names_of, where):
+    """The dotted name of parameter p (names_of: id -> name of the model's parameters); an error naming `where`
+    for anything else."""
     if not isinstance(p, torch.Tensor) or id(p) not in names_of:
-        raise _tessera.ConfigError(f"initialize: the client optimizer's param group {g} holds a tensor that is not a "
-                                   f"parameter of the model")
+        raise _tessera.ConfigError(f"initialize: {where} holds a tensor that is not a parameter of the model")
     return names_of[id(p)]
 
 
@@ -59,7 +60,8 @@ def client_optimizer(model, optimizer, model_parameters):
     kind = _TRANSLATED.get(type(optimizer), _tessera.ClientKind.PythonStep)
     translated = kind != _tessera.ClientKind.PythonStep
     names_of = {id(p): name for name, p in model.named_parameters()}
-    groups = [([_name(p, names_of, g) for p in group["params"]], _settings(optimizer, group, g, translated))
+    groups = [([parameter_name(p, names_of, f"the client optimizer's param group {g}")
+                for p in group["params"]], _settings(optimizer, group, g, translated))
               for g, group in enumerate(optimizer.param_groups)]
     if translated:
         return kind, groups, None, optimizer

@@ -1,5 +1,6 @@
-"""A Hugging Face model directory written by plain Python (json + struct, no safetensors package): config.json and
-one model.safetensors, for tests that load an oracle's weights into a C++ engine."""
+"""Hugging Face weights by plain Python (json + struct, no safetensors package): a model directory written
+(config.json and one model.safetensors, for tests that load an oracle's weights into a C++ engine), and a
+model.safetensors read back as tensors (for tests that check an export)."""
 import json
 import os
 import struct
@@ -25,3 +26,13 @@ def write_hf_dir(path, config, named_tensors):
             f.write(b)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
+
+
+def read_safetensors(path):
+    """{name: tensor} of one safetensors file, each with its dtype and shape."""
+    dtypes = {v: k for k, v in _DTYPES.items()}
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header, data = json.loads(f.read(n)), f.read()
+    return {name: torch.frombuffer(bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=dtypes[v["dtype"]])
+            .reshape(v["shape"]) for name, v in header.items() if name != "__metadata__"}

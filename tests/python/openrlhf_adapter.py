@@ -26,10 +26,8 @@ strategy.optimizer_step) from create_optimizer's two groups (no weight decay on 
 Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 openrlhf_adapter.py"""
 import contextlib
 import io
-import json
 import os
 import shutil
-import struct
 import tempfile
 import types
 
@@ -37,6 +35,7 @@ import torch
 
 import tessera
 from checks import Checks
+from hf_dir import read_safetensors
 from mlp_task import NAMES, model_of, rows
 from pytorch_oracle import ClippedAdamW, train_averaged
 from tessera.integrations.openrlhf import TesseraStrategy
@@ -161,13 +160,9 @@ export = os.path.join(work, "export")
 expect_error(tessera.ConfigError, ["max_shard_size"],
              lambda: strategy.save_model(engine, None, export, max_shard_size="5GB"))
 strategy.save_model(engine, Tokenizer(), export)
-with open(os.path.join(export, "model.safetensors"), "rb") as f:
-    (n,) = struct.unpack("<Q", f.read(8))
-    header, data = json.loads(f.read(n)), f.read()
+saved = read_safetensors(os.path.join(export, "model.safetensors"))
 for name in NAMES:
-    begin, end = header[name]["data_offsets"]
-    saved = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32).reshape(expected[name].shape)
-    expect(torch.equal(saved, expected[name]), f"save_model: '{name}' differs from the oracle")
+    expect(torch.equal(saved[name], expected[name]), f"save_model: '{name}' differs from the oracle")
 if rank == 0:
     expect(sorted(f for f in os.listdir(export) if f.startswith("tokenizer")) == ["tokenizer_rank0"],
            f"save_model: tokenizer files {os.listdir(export)}")

@@ -77,7 +77,8 @@ for stage in (0, 1, 2, 3):
 
 # Checkpoints from Python: stage 3 saves after 15 steps, a new engine at stage 1 loads and trains 15 more: the
 # oracle's 30-step weights, bit for bit; client_state comes back; save_16bit_model's file holds the weights.
-import json, os, shutil, struct, tempfile  # noqa: E402
+import os, shutil, tempfile  # noqa: E402
+from hf_dir import read_safetensors  # noqa: E402
 
 work = os.path.join(tempfile.gettempdir(), f"tessera_python_parity_{os.environ.get('TESSERA_JOB', 'solo')}")
 if rank == 0:
@@ -89,14 +90,10 @@ for step in range(15):
     engine.step()
 engine.save_checkpoint(os.path.join(work, "ckpt"), client_state={"epoch": 3})
 engine.save_16bit_model(os.path.join(work, "export"))
-with open(os.path.join(work, "export", "model.safetensors"), "rb") as f:
-    (n,) = struct.unpack("<Q", f.read(8))
-    header, data = json.loads(f.read(n)), f.read()
+exported = read_safetensors(os.path.join(work, "export", "model.safetensors"))
 with engine.gathered_parameters():
     for name, p in model.named_parameters():
-        begin, end = header[name]["data_offsets"]
-        exported = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32).reshape(p.shape)
-        expect(torch.equal(exported, p.detach()), f"save_16bit_model: '{name}' differs from the weights")
+        expect(torch.equal(exported[name], p.detach()), f"save_16bit_model: '{name}' differs from the weights")
 # A gathered-parameters scope with a modifier rank writes that rank's change back to every rank's partition.
 with engine.gathered_parameters(model[0].bias, modifier_rank=0):
     if rank == 0:

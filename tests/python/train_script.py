@@ -7,7 +7,6 @@ the config's settings. Every exported tensor must equal the oracle's bit for bit
 other too). Negative control: the oracle with beta2 changed differs. Usage: train_script.py PORT"""
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -18,18 +17,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
 import train  # noqa: E402
+from hf_dir import read_safetensors  # noqa: E402
 from pytorch_oracle import train_averaged  # noqa: E402
 
 port, STEPS, WORLD = int(sys.argv[1]), 30, 2
 CONFIG = json.load(open(os.path.join(ROOT, "examples", "python", "ds_config.json")))
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header, data = json.loads(f.read(n)), f.read()
-    return {k: torch.frombuffer(bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=torch.float32)
-            .reshape(v["shape"]) for k, v in header.items() if k != "__metadata__"}
 
 
 def oracle(beta2=None):
