@@ -86,7 +86,7 @@ struct Engine::Impl {
   StepTiming timing;
 
   std::chrono::milliseconds bound() const {  // for requests whose collectives have their own timeouts
-    return 3 * spec->timeout + std::chrono::seconds(10);
+    return (spec ? 3 * spec->timeout : std::chrono::milliseconds(0)) + std::chrono::seconds(10);
   }
   // DeepSpeed steps the scheduler only after updates that were not skipped.
   int64_t last_batch_iteration() const { return global - skipped - 1 + settings.schedule_offset; }
@@ -139,10 +139,11 @@ struct Engine::Impl {
     writer.reset();  // an asynchronous save in flight finishes first (it uses the control communicator)
     hooks.reset();  // disarm before the actors go
     if (stage3) zero::unregister_units(stage3.get());
-    if (reducer) caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
-    if (parameter_shard) caf::anon_send_exit(parameter_shard, caf::exit_reason::user_shutdown);
-    if (optimizer_shard) caf::anon_send_exit(optimizer_shard, caf::exit_reason::user_shutdown);
+    stop_actors();
   }
+  // Ends the reducer, parameter-shard and optimizer-shard and waits until they have gone (their
+  // states destroyed), at most bound(): see engine.cpp.
+  void stop_actors();
 };
 
 }  // namespace tessera

@@ -244,13 +244,7 @@ def main():
     if rank == 0:
         csv.close()
         print(f"grpo (python): done, {a.steps} steps; curve in {a.csv}", flush=True)
-    # Everything is written (the CSV, the checkpoint, the last sync). The process ends here without tearing the
-    # engine down or running Python's finalisation: at ZeRO-3, about 1 run in 10 aborted in that teardown
-    # ("terminate called without an active exception", cause not found yet; the module now prints a native
-    # backtrace when it happens). The C++ main job tears down cleanly.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    engine.destroy()  # returns once the engine's actors have ended (their teardown may take the GIL)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,13 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
     }
     options.param_groups.push_back(std::move(group));
   }
-  auto out = std::make_shared<PyEngine>();
+  // Deleted without the GIL: the engine's destructor waits for its actors, whose teardown may take
+  // it (tensors Python shares, a client Python optimizer); Engine::Impl::stop_actors says why.
+  auto out = std::shared_ptr<PyEngine>(new PyEngine, [](PyEngine* engine) {
+    if (!PyGILState_Check()) return delete engine;
+    py::gil_scoped_release release;
+    delete engine;
+  });
   out->tree = module_tree(parameters);
   set_z3_leaf_modules_by_name(*out->tree, leaf_modules);  // marked in Python (tessera.utils), by name
   if (client_kind) {
