@@ -20,6 +20,15 @@ Stage3Driver::Stage3Driver(std::shared_ptr<const EngineSpec> spec, parameter_sha
   missing_ = size_;
   reported_.assign(plan.parameters().size(), 0);
   pins_.assign(plan.units().size(), 0);
+  in_backward_.assign(plan.units().size(), 0);
+}
+
+void Stage3Driver::before_backward(int64_t unit) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_backward_.at(size_t(unit)) = 1;
+  }
+  fetch({unit, FetchKind::backward, Autocast::off});
 }
 
 void Stage3Driver::release(int64_t unit, ReleaseKind kind) {
@@ -87,6 +96,10 @@ void Stage3Driver::fetch(const FetchRequest& request) {
 }
 
 void Stage3Driver::after_forward(int64_t unit, bool keep) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in_backward_.at(size_t(unit))) return;  // a recomputation inside the unit's backward: still needed
+  }
   // A training engine's forward without grad has no backward to reuse its units for: released.
   if (!keep) release(unit, c10::GradMode::is_enabled() || spec_->forward_windows ? ReleaseKind::after_use : ReleaseKind::now);
 }
@@ -99,7 +112,10 @@ void Stage3Driver::grad_ready(int64_t param, bool reducing) {
     if (param < 0 || size_t(param) >= reported_.size() || reported_[size_t(param)]) return;
     reported_[size_t(param)] = 1;
     const int64_t u = unit_of_[size_t(param)];
-    if (u >= 0 && --missing_[size_t(u)] == 0) release = u;
+    if (u >= 0 && --missing_[size_t(u)] == 0) {
+      release = u;
+      in_backward_[size_t(u)] = 0;
+    }
   }
   if (release >= 0) this->release(release, ReleaseKind::after_use);
 }
@@ -109,6 +125,7 @@ void Stage3Driver::backward_ended() {
     std::lock_guard<std::mutex> lock(mutex_);
     missing_ = size_;
     std::fill(reported_.begin(), reported_.end(), 0);
+    std::fill(in_backward_.begin(), in_backward_.end(), 0);
   }
   release_all();
 }

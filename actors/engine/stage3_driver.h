@@ -4,8 +4,12 @@
 //
 //   before_forward / before_backward   fetch the unit (waits for the gather; a gathered unit is
 //                                      not gathered again)
-//   after_forward                      release it, unless the holder asks to keep it (the shard
-//                                      keeps it if it is reused soon: stage3_max_reuse_distance)
+//   after_forward                      release it, unless the holder asks to keep it or its
+//                                      backward has begun (a forward run again inside backward:
+//                                      torch.utils.checkpoint's non-reentrant recomputation runs
+//                                      while the unit's own backward node waits for what it
+//                                      recomputes); the shard keeps it if it is reused soon
+//                                      (stage3_max_reuse_distance)
 //   grad_ready(param)                  during a reducing backward the staging takes the
 //                                      gradient; when every parameter of its unit has reported,
 //                                      the unit is released
@@ -44,7 +48,7 @@ class Stage3Driver final : public zero::UnitListener {
            autocast_enabled() ? Autocast::on : Autocast::off});
   }
   void after_forward(int64_t unit, bool keep) override;
-  void before_backward(int64_t unit) override { fetch({unit, FetchKind::backward, Autocast::off}); }
+  void before_backward(int64_t unit) override;
 
   void grad_ready(int64_t param, bool reducing);
   void backward_ended();
@@ -70,6 +74,7 @@ class Stage3Driver final : public zero::UnitListener {
   std::vector<int64_t> size_;      // per unit: its parameters
   std::vector<int64_t> missing_;   // per unit: parameters not reported in this backward
   std::vector<char> reported_;     // per parameter, this backward
+  std::vector<char> in_backward_;  // per unit: before_backward came and not all of its gradients yet
   std::vector<int> pins_;          // per unit: open gathered-parameters scopes holding it
   double wait_s_ = 0;              // the caller's thread waiting in fetch()
   int forward_depth_ = 0;          // Engine::forward calls open (the user's thread)
