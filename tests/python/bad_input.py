@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bad input from Python raises tessera's exception classes with the C++ API's messages, and the interpreter lives
-on: a loss that is not a scalar or not a tensor, a frozen parameter or a non-parameter tensor in model_parameters,
-and step() on rank 0 alone (a 2 s collective timeout in the config: rank 0's TimeoutError names the operation and
+on: a loss that is not a scalar, not a tensor (a module whose forward returns none, at stages 1 and 3) or an
+integer, a parameter of the wrong dtype, a frozen parameter or a non-parameter tensor in model_parameters, and step() on rank 0 alone (a 2 s collective timeout in the config: rank 0's TimeoutError names the operation and
 the rank that did not arrive). 2 ranks under tools/tessera-launch."""
 import sys
 import time
@@ -42,9 +42,30 @@ m = model_of()
 m[0].bias.requires_grad_(False)
 expect_error(tessera.ConfigError, ["0.bias"], lambda: tessera.initialize(model=m, model_parameters=m.parameters(), config=config))
 expect_error(tessera.ConfigError, ["unknown key"], lambda: tessera.initialize(model=model_of(), config=dict(config, zero_optimisation={})))
+# A parameter of the wrong dtype is refused by name, before anything is built.
+expect_error(tessera.Error, ["'0.weight' is Double", "fp32"], lambda: tessera.initialize(model=model_of().double(), config=config))
+
+
+class NoTensor(torch.nn.Module):
+    """A module whose forward returns no tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        self.proj(x)
+        return {"rows": x.shape[0]}
+
+
+for stage in (1, 3):  # at stage 3 the unit's hooks see outputs that hold no tensor
+    no_tensor, _, _, _ = tessera.initialize(model=NoTensor(), config=dict(config, zero_optimization={"stage": stage}))
+    expect_error(tessera.Error, ["must be a tensor, not dict"], lambda: no_tensor.backward(no_tensor(torch.randn(4, 8))))
+    no_tensor.destroy()
 
 model = model_of()
 engine, _, _, _ = tessera.initialize(model=model, config=config)
+expect_error(tessera.Error, ["does not require grad"], lambda: engine.backward(torch.tensor(3)))  # an integer loss
 expect_error(tessera.Error, ["scalar"], lambda: engine.backward(torch.ones(2, requires_grad=True).sum(0, keepdim=True).expand(2)))
 expect_error(tessera.Error, ["must be a tensor"], lambda: engine.backward(None))
 engine.backward(engine(torch.randn(4, 8)).pow(2).mean())
