@@ -4,6 +4,8 @@
 // 0.weight ... 4.bias), its config (Adam lr 1e-3 through torch_adam, batch 32 per rank), its data
 // (step s on rank r: x = randn(32, 256), then y = randn(32, 16) from a generator seeded 10000 s + r;
 // MSE). Digest: sha256 over the parameters' float32 bytes in model order, first 16 hex digits.
+// The digests after training hold under the fixtures' OpenBLAS kernels (AVX2: Haswell, Zen; ctest
+// sets OPENBLAS_CORETYPE=Haswell, tests/checkpoint/CMakeLists.txt); AVX-512 kernels end elsewhere.
 //   [np2]  each of ZeRO-1/2/3 and the universal format (from ZeRO-2) loaded at its stage on 2 ranks:
 //          d39d9ee736d02b07 right after the load,
 //          3033dbc6e22eb116 after steps 5..9 (DeepSpeed's resumed = uninterrupted run); a negative
