@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/optim/fused_adam.h"
 
 namespace tessera::optim {
 
@@ -75,8 +76,16 @@ void check_step(int64_t step, const char* kind) {
   if (step < 1) throw Error(std::string(kind) + " step: update number " + std::to_string(step) + " < 1");
 }
 
-// torch::optim::Adam (L2) and torch::optim::AdamW (decoupled).
+// torch::optim::Adam (L2) and torch::optim::AdamW (decoupled). fp32 runs without amsgrad go
+// through the fused kernel (bitwise the ATen ops below, in one pass); the rest through ATen.
 class AdamKernel final : public OptimizerKernel {
+  bool fusable(const at::Tensor& p, const at::Tensor& grad, const std::vector<at::Tensor>& states) const {
+    if (options_.amsgrad || options_.bf16_states) return false;
+    for (const auto* t : {&p, &grad, &states[0], &states[1]})
+      if (t->scalar_type() != at::kFloat || !t->is_contiguous() || !t->device().is_cpu()) return false;
+    return true;
+  }
+
  public:
   explicit AdamKernel(const OptimizerOptions& o) : OptimizerKernel(o) {}
   std::vector<std::string> state_names() const override {
@@ -89,6 +98,16 @@ class AdamKernel final : public OptimizerKernel {
     check_step(step, "Adam");
     at::NoGradGuard no_grad;
     const bool decoupled = options_.kind == OptimizerKind::AdamW;
+    if (fusable(p, grad_in, states)) {  // the same bits in one pass (fused_adam.h)
+      FusedAdamRun run;
+      run.param = p.data_ptr<float>(), run.grad = grad_in.data_ptr<float>();
+      run.exp_avg = states[0].data_ptr<float>(), run.exp_avg_sq = states[1].data_ptr<float>();
+      run.elements = p.numel();
+      FusedAdamStep s;
+      s.lr = hp.lr, s.beta1 = hp.beta1, s.beta2 = hp.beta2, s.eps = options_.eps, s.weight_decay = options_.weight_decay;
+      s.decay = decoupled ? AdamDecay::decoupled : AdamDecay::l2, s.step = step;
+      return fused_adam(run, s);
+    }
     if (decoupled && options_.weight_decay != 0) p.mul_(1 - hp.lr * options_.weight_decay);
     const auto& exp_avg = states[0];
     const auto& exp_avg_sq = states[1];

@@ -8,7 +8,8 @@
 // Every update is elementwise and repeats LibTorch 1.13's torch::optim::<Kind>::step() for one
 // parameter operation for operation (same ATen ops, scalar types and order, only written into
 // preallocated outputs), so updating slices of a flat buffer gives the same bits as torch::optim
-// updating the parameters whole (tests/optim checks this, sub-groups included).
+// updating the parameters whole (tests/optim checks this, sub-groups included). Adam/AdamW on fp32
+// runs without amsgrad goes through the fused kernel (fused_adam.h), which gives those same bits.
 //
 // Example: 10 parameters of 1,000 elements at DP 4 (2,500 per rank) with sub-groups of 1,000:
 // rank 1 calls step() three times per update, on elements [2500, 3500), [3500, 4500), [4500,
