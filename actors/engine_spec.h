@@ -14,6 +14,19 @@
 
 namespace tessera::actors {
 
+// Where the optimizer's fp32 masters and states live (zero_optimization.offload_optimizer.device).
+enum class StatePlacement : uint8_t {
+  device,  // beside the parameters
+  host,    // in host memory: gradients come to the host and new weights go back, sub-group by sub-group
+};
+
+// Optimizer offload: the placement and the host staging between the device and the host copies.
+struct OptimizerOffload {
+  StatePlacement placement = StatePlacement::device;
+  bool pin_memory = false;  // pinned staging buffers (only where the parameters are on a GPU)
+  int64_t buffer_count = 0; // offload_optimizer.buffer_count: staging slots each way (>= 2 used, <= the sub-groups)
+};
+
 struct EngineSpec {
   std::shared_ptr<const zero::ShardingPlan> plan;
   at::ScalarType dtype = at::kFloat;  // of the parameters and their gradients (fp32, bf16, fp16)
@@ -40,6 +53,7 @@ struct EngineSpec {
   // ZeRO-3 with torch_autocast: forwards and backwards gather the lower-precision-safe groups in
   // bf16 (half the bytes; autocast rounds those weights to bf16 anyway, so results are the same).
   bool autocast_gathers = false;
+  OptimizerOffload optimizer_offload;
 
   int64_t owned_partition() const { return plan->owned_partition(rank); }
   zero::GradientMode gradient_mode() const { return plan->gradient_mode(); }

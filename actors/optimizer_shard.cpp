@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <deque>
 
 #include "actors/actor_runtime.h"
 #include "actors/ask.h"
+#include "actors/offload.h"
 #include "core/optim/state_store.h"
 
 namespace tessera::actors {
@@ -24,6 +26,9 @@ struct OptimizerShardState {
   int64_t updates = 0;
   gradient_reducer_actor reducer;
   parameter_shard_actor parameter_shard;
+  offload_actor offload;  // optimizer offload only: the host staging
+  int64_t staging_slots = 0;
+  int64_t staging_bytes = 0;
 
   // Every collective behind a request has its own timeout; this bound only guards against a lost actor.
   std::chrono::milliseconds bound() const { return 3 * spec->timeout + std::chrono::seconds(10); }
@@ -48,6 +53,70 @@ struct OptimizerShardState {
     ++updates;
   }
 
+  // Optimizer offload: the masters and states are in host memory. Sub-group by sub-group, in the
+  // order update() takes them: the gradients come to a host slot (up to staging_slots ahead), the
+  // same kernel steps the host master, and the offload actor rounds it into the parameters'
+  // dtype and copies it into the device partition while the next sub-group steps. Same inputs,
+  // same kernel, same rounding: the bits of update().
+  void update_offloaded(const StepRequest& request, const GradientsReady& ready, const Buffers& parameters,
+                        StepReport& report) {
+    struct Piece { size_t g, s; int64_t begin, end; };
+    std::vector<Piece> pieces;
+    for (size_t g = 0; g < sub_groups.size(); ++g)
+      for (size_t s = 0; s < sub_groups[g].size(); ++s) pieces.push_back({g, s, sub_groups[g][s].first, sub_groups[g][s].second});
+    caf::scoped_actor self{actor_system()};
+    std::exception_ptr failure;
+    auto fail = [&](const std::string& what) {
+      return [&, what](caf::error& e) {
+        if (!failure) failure = std::make_exception_ptr(Error("optimizer-shard: the offload actor did not answer (" + what +
+                                                              "): " + actor_system().render(e)));
+      };
+    };
+    auto gradients_to_host = [&](size_t i) {
+      const auto& p = pieces[i];
+      GradientsToHost m{int64_t(i) % staging_slots, ready.partitions.at(p.g).narrow(0, p.begin, p.end - p.begin)};
+      return self->request(offload, bound(), to_host_atom::value, std::move(m));
+    };
+    using InFlight = decltype(gradients_to_host(0));
+    std::deque<InFlight> arriving;
+    std::vector<decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}))> leaving;
+    size_t asked = 0;
+    for (; asked < pieces.size() && asked < size_t(staging_slots); ++asked) arriving.push_back(gradients_to_host(asked));
+    for (size_t i = 0; i < pieces.size() && !failure; ++i) {
+      const auto& p = pieces[i];
+      HostGradients grad;
+      const auto t0 = std::chrono::steady_clock::now();
+      arriving.front().receive([&](HostGradients& h) { grad = std::move(h); }, fail("gradients to the host"));
+      arriving.pop_front();
+      report.offload_wait_s += seconds_since(t0);
+      if (failure) break;
+      if (grad.error) {
+        failure = grad.error;
+        break;
+      }
+      report.offload_copy_s += grad.copy_s;
+      const auto& hp = request.hyperparameters.at(size_t(spec->plan->groups()[p.g].param_group));
+      auto state = store->acquire(int64_t(p.g), int64_t(p.s));
+      kernels[p.g]->step(state.master, grad.host, state.states, updates + 1, hp, workspace);
+      store->release(int64_t(p.g), int64_t(p.s));
+      // Slot i % staging_slots is free again: ask for the sub-group that uses it next.
+      if (asked < pieces.size()) arriving.push_back(gradients_to_host(asked++));
+      WeightsToDevice out{int64_t(i) % staging_slots, state.master,
+                          parameters.tensors.at(p.g).narrow(0, p.begin, p.end - p.begin)};
+      leaving.push_back(self->request(offload, bound(), to_device_atom::value, std::move(out)));
+    }
+    // Every reply is taken, also after a failure (no copy may outlive the lends).
+    for (auto& a : arriving) a.receive([](HostGradients&) {}, fail("gradients to the host"));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& l : leaving)
+      l.receive([&](Done& d) {
+        if (d.error && !failure) failure = d.error;
+      }, fail("weights to the device"));
+    report.offload_wait_s += seconds_since(t0);
+    if (failure) std::rethrow_exception(failure);
+    ++updates;
+  }
+
   StepReport step(const StepRequest& request) {
     StepReport report;
     FinishRequest finish{request.loss_scale, request.max_grad_norm};
@@ -67,7 +136,10 @@ struct OptimizerShardState {
     if (!ready.overflow) {
       auto t0 = std::chrono::steady_clock::now();
       auto parameters = checked(ask<Buffers>(parameter_shard, bound(), "parameter-shard (partitions)", partitions_atom::value));
-      update(request, ready, parameters);
+      if (offload)
+        update_offloaded(request, ready, parameters, report);
+      else
+        update(request, ready, parameters);
       report.update_s = seconds_since(t0);
       t0 = std::chrono::steady_clock::now();
       // The gather (parameter communicator) and zeroing the gradients run at the same time.
@@ -87,6 +159,8 @@ struct OptimizerShardState {
 optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stateful_pointer<OptimizerShardState> self,
                                                      std::shared_ptr<OptimizerShardState> init) {
   self->state = std::move(*init);
+  if (auto offload = self->state.offload)  // its staging ends with this actor
+    self->attach_functor([offload](const caf::error&) { caf::anon_send_exit(offload, caf::exit_reason::user_shutdown); });
   return {
       [=](step_atom, const StepRequest& request) -> StepReport {
         try {
@@ -123,6 +197,8 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
         out.master_bytes = s.store->master_bytes();
         out.state_bytes = s.store->state_bytes();
         out.workspace_bytes = s.workspace.bytes();
+        out.host = bool(s.offload);
+        out.staging_bytes = s.staging_bytes;
         out.updates = s.updates;
         return out;
       },
@@ -140,20 +216,42 @@ optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> sp
                                             const std::vector<at::Tensor>& partitions, gradient_reducer_actor reducer,
                                             parameter_shard_actor parameter_shard) {
   auto s = std::make_shared<OptimizerShardState>();
+  const bool host = spec->optimizer_offload.placement == StatePlacement::host;
   std::vector<optim::MemoryStateStore::Group> store;
+  int64_t largest_sub_group = 0, sub_group_count = 0;
   for (size_t g = 0; g < partitions.size(); ++g) {
     const auto& plan_group = spec->plan->groups()[g];
     optim::MemoryStateStore::Group group;
     const auto& partition = partitions[g];
-    if (spec->fp32_master) group.master = partition.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    // Offloaded, the master is a host copy even when no fp32 master is asked for (fp32 weights, or
+    // bf16_master_weights_and_grads): in the dtype the device path would step in, so the bits match.
+    if (host)
+      group.master = partition.to(at::TensorOptions().device(at::kCPU).dtype(spec->fp32_master ? at::kFloat : spec->dtype),
+                                  false, /*copy=*/true);
+    else if (spec->fp32_master)
+      group.master = partition.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     group.states = kernels[g]->initial_states(group.master.defined() ? group.master : partition);
     if (kernels[g]->whole_partition()) {
       group.sub_groups.push_back({0, plan_group.layout.partition_numel});
     } else {
       for (const auto& sub : plan_group.sub_groups) group.sub_groups.push_back({sub.begin, sub.end});
     }
+    for (const auto& [b, e] : group.sub_groups) largest_sub_group = std::max(largest_sub_group, e - b);
+    sub_group_count += int64_t(group.sub_groups.size());
     s->sub_groups.push_back(group.sub_groups);
     store.push_back(std::move(group));
+  }
+  if (host) {
+    OffloadStaging staging;
+    // buffer_count slots each way (at least 2: one copying while one steps), no more than there are sub-groups.
+    staging.slots = s->staging_slots =
+        std::max<int64_t>(1, std::min(sub_group_count, std::max<int64_t>(2, spec->optimizer_offload.buffer_count)));
+    staging.slot_elements = largest_sub_group;
+    staging.weight_dtype = spec->dtype;
+    staging.device = spec->device;
+    staging.pin_memory = spec->optimizer_offload.pin_memory;
+    s->staging_bytes = staging.bytes(spec->accumulation_dtype());
+    s->offload = spawn_offload(staging);
   }
   s->store = std::make_unique<optim::MemoryStateStore>(std::move(store));
   s->spec = std::move(spec);

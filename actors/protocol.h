@@ -42,6 +42,13 @@
 //   <- states -> OptimizerStates         masters and states (storage maps, memory; between steps)
 //   <- refresh(RefreshRequest) -> Done  the fp32 masters := the parameters' partitions over
 //                                        those ranges (after a write-back)
+// offload (owns the host staging buffers of optimizer offload; moves one sub-group at a time
+// between the device and the host, in the order asked, on its own thread)
+//   <- to_host(GradientsToHost) -> HostGradients   copy a sub-group's reduced gradients into a
+//                                host slot, lent until the request that names the slot again
+//   <- to_device(WeightsToDevice) -> Done          round the updated host master into the
+//                                parameters' dtype in a host slot and copy it into the device's
+//                                parameter partition
 // The rollout-sink's messages are in actors/rollout/sink_protocol.h, above this layer.
 #pragma once
 
@@ -80,6 +87,8 @@ using writeback_atom = caf::atom_constant<caf::atom("writeback")>;
 using refresh_atom = caf::atom_constant<caf::atom("refresh")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;
 using restore_atom = caf::atom_constant<caf::atom("restore")>;
+using to_host_atom = caf::atom_constant<caf::atom("to_host")>;
+using to_device_atom = caf::atom_constant<caf::atom("to_device")>;
 
 // ZeRO-3: why a unit is fetched (fetch above). The order indexes Stage3Counters::by_kind.
 enum class FetchKind : uint8_t {
@@ -219,6 +228,8 @@ struct StepReport {
   double reduction_wait_s = 0;  // waiting for reductions still running when step() began
   double update_s = 0;          // unscale, clip and optimizer update
   double gather_s = 0;          // all-gather of the updated partitions
+  double offload_wait_s = 0;    // optimizer offload: waiting for gradients to reach the host (not hidden by updates)
+  double offload_copy_s = 0;    // optimizer offload: device<->host copies (hidden or not)
   std::exception_ptr error;
 };
 
@@ -229,6 +240,8 @@ struct OptimizerStates {
   int64_t master_bytes = 0;
   int64_t state_bytes = 0;                      // every state
   int64_t workspace_bytes = 0;                  // the kernels' reusable temporaries (optim::Workspace)
+  bool host = false;                            // optimizer offload: masters and states in host memory
+  int64_t staging_bytes = 0;                    // optimizer offload: the host staging slots
   int64_t updates = 0;                          // optimizer steps taken (bias corrections count them)
   std::exception_ptr error;
 };
@@ -237,6 +250,26 @@ struct OptimizerStates {
 // into the buffers OptimizerStates lends).
 struct OptimizerCounters {
   int64_t updates = 0;
+};
+
+// Optimizer offload: a sub-group's gradients, a view of the device's reduced partition, to slot
+// `slot` of the host staging.
+struct GradientsToHost {
+  int64_t slot = 0;
+  at::Tensor device;
+};
+
+struct HostGradients {
+  at::Tensor host;  // the slot's first device.numel() elements, same dtype
+  double copy_s = 0;
+  std::exception_ptr error;
+};
+
+// Optimizer offload: a sub-group's new weights, from the host master to the device's partition.
+struct WeightsToDevice {
+  int64_t slot = 0;
+  at::Tensor host_master;  // read only; unchanged until the reply
+  at::Tensor device;       // the parameter partition's view, in the parameters' dtype
 };
 
 // What the gradient-reducer holds: gradients (flat buffers, accumulators, reduced partitions,
@@ -258,6 +291,9 @@ using parameter_shard_actor =
                      caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, FetchRequest>::with<Done>,
                      caf::reacts_to<release_atom, ReleaseRequest>, caf::reacts_to<window_atom, WindowEdge>,
                      caf::replies_to<writeback_atom, WritebackRequest>::with<Done>>;
+
+using offload_actor = caf::typed_actor<caf::replies_to<to_host_atom, GradientsToHost>::with<HostGradients>,
+                                        caf::replies_to<to_device_atom, WeightsToDevice>::with<Done>>;
 
 using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<StepReport>,
                                                caf::replies_to<states_atom>::with<OptimizerStates>,
@@ -282,3 +318,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::ReleaseRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WindowEdge)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WritebackRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::RefreshRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::GradientsToHost)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::HostGradients)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WeightsToDevice)

@@ -152,7 +152,7 @@ void Engine::step() {
     s.last_lrs.clear();
     for (const auto& hp : request.hyperparameters) s.last_lrs.push_back(hp.lr);
   }
-  s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s};
+  s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s, report.offload_wait_s, report.offload_copy_s};
   if (report.overflow) ++s.skipped;
   if (s.scaler) {
     const auto update = s.scaler->update(report.overflow);

@@ -87,6 +87,8 @@ struct StepTiming {
   double reduction_wait_s = 0;  // reductions not yet finished when step() began (not hidden by backward)
   double update_s = 0;          // unscale, overflow check, clip and optimizer update
   double gather_s = 0;          // all-gather of the updated partitions
+  double offload_wait_s = 0;    // optimizer offload: waiting for device<->host copies not hidden by updates
+  double offload_copy_s = 0;    // optimizer offload: the gradients' device->host copies, hidden or not
 };
 
 // What the engine holds per rank, in bytes (between steps; transient staging not included).
@@ -98,7 +100,15 @@ struct EngineMemory {
   int64_t optimizer_states = 0;  // every state of every partition
   int64_t scratch = 0;           // reusable temporaries: the clipping norm's buffer, the optimizer's
                                  // workspace (from the first step on). Not counted: Gloo's own buffers.
-  int64_t total() const { return parameters + gradients + master + optimizer_states + scratch; }
+  // Optimizer offload: what lives in host memory instead (master and optimizer_states above are 0).
+  struct Host {
+    int64_t master = 0;            // master partitions (also for fp32 weights: the device's are a copy)
+    int64_t optimizer_states = 0;
+    int64_t staging = 0;           // gradient and weight slots between the device and the host, and
+                                   // the kernels' workspace
+    int64_t total() const { return master + optimizer_states + staging; }
+  } host;
+  int64_t total() const { return parameters + gradients + master + optimizer_states + scratch; }  // the device's
 };
 
 // ZeRO-3's gathers since initialize (zeros at stages 0-2).

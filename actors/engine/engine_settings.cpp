@@ -56,8 +56,17 @@ EngineSettings engine_settings(const config::Config& c) {
     s.autocast = true;
     s.lower_precision_safe_modules = c.torch_autocast.lower_precision_safe_modules;
   }
-  if (c.zero_optimization.offload_optimizer.device.value != config::OffloadDevice::none)
-    not_yet(c, "zero_optimization.offload_optimizer.device", "optimizer offload");
+  {
+    const auto& o = c.zero_optimization.offload_optimizer;
+    if (o.device.value == config::OffloadDevice::nvme)
+      not_yet(c, "zero_optimization.offload_optimizer.device", "optimizer offload to NVMe");
+    if (o.device.value != config::OffloadDevice::none && s.stage == 0)
+      throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") +
+                        "zero_optimization.offload_optimizer.device: optimizer offload needs ZeRO stage 1, 2 or 3");
+    s.optimizer_offload = o.device.value;
+    s.optimizer_offload_pin_memory = o.pin_memory;
+    s.optimizer_offload_buffer_count = o.buffer_count;
+  }
   if (c.zero_optimization.offload_param.device.value != config::OffloadDevice::none)
     not_yet(c, "zero_optimization.offload_param.device", "parameter offload");
   if (c.tensor_parallel.autotp_size > 1) not_yet(c, "tensor_parallel.autotp_size", "tensor parallelism");

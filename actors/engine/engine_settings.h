@@ -51,11 +51,15 @@ struct EngineSettings {
   // module types are reduced in bf16.
   bool autocast = false;
   std::vector<std::string> lower_precision_safe_modules;
+  // zero_optimization.offload_optimizer: device cpu puts masters and states in host memory.
+  config::OffloadDevice optimizer_offload = config::OffloadDevice::none;
+  bool optimizer_offload_pin_memory = false;
+  int64_t optimizer_offload_buffer_count = 0;
   int64_t collective_timeout_ms = 0;  // tessera.transport.collective_timeout_ms
 };
 
 // `config` must be resolved (no "auto" left). Throws ConfigError for missing or unsupported
-// settings (offload, tensor parallelism, fp16 autocast on CPU).
+// settings (NVMe and parameter offload, tensor parallelism, fp16 autocast on CPU).
 EngineSettings engine_settings(const config::Config& config);
 
 // The schedule of one parameter group: the config's scheduler over that group's lr (DeepSpeed

@@ -130,9 +130,15 @@ EngineMemory Engine::memory() const {
   m.scratch = reducer.scratch;
   const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
                                                                            "memory: the optimizer-shard", actors::states_atom::value));
-  m.master = states.master_bytes;
-  m.optimizer_states = states.state_bytes;
-  m.scratch += states.workspace_bytes;
+  if (states.host) {  // optimizer offload: masters, states and the kernels' workspace in host memory
+    m.host.master = states.master_bytes;
+    m.host.optimizer_states = states.state_bytes;
+    m.host.staging = states.staging_bytes + states.workspace_bytes;
+  } else {
+    m.master = states.master_bytes;
+    m.optimizer_states = states.state_bytes;
+    m.scratch += states.workspace_bytes;
+  }
   return m;
 }
 

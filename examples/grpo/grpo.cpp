@@ -71,6 +71,7 @@ struct Args {
   bool std_norm = true;                   // advantages (r - mean) / (std + eps); false: r - mean
   uint64_t seed = 1;
   std::string rollout_dtype = "fp32", sync_mode = "in_place";
+  std::string offload = "none";  // --offload: the training job's optimizer in host memory (cpu)
   bool delta = false;
   std::string config;  // --config: a tessera config file; only its [tessera.rollout] is read (the sync's)
   std::string checkpoint_dir;  // grpo_checkpoint.h
@@ -234,7 +235,8 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
                            // Stage 3: DeepSpeed's "auto" rule (10 x hidden): only the norms stay gathered.
                            (a.zero_stage == 3 ? "stage3_param_persistence_threshold = " +
                                                     std::to_string(10 * config.hidden_size) + "\n"
-                                              : std::string());
+                                              : std::string()) +
+                           (a.offload == "cpu" ? "[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n" : "");
   auto engine =
       tessera::initialize(policy.module(), tessera::config::load_config_text(toml, tessera::config::Format::toml, "grpo"))
           .engine;
@@ -318,10 +320,11 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
       for (int k = 0; k < D; ++k) csv << ",acc" << k + 1;
       csv << ",entropy\n";
     }
-    std::printf("grpo: %lld-parameter %s policy, %d training ranks (ZeRO-%d), %d prompts x %d samples per step, %d "
+    std::printf("grpo: %lld-parameter %s policy, %d training ranks (ZeRO-%d%s), %d prompts x %d samples per step, %d "
                 "update(s) per batch; warm-up %d steps; sync %s%s; first sync %.1f ms (plan %.1f ms)\n",
                 static_cast<long long>(tessera::nn::decoder_parameter_count(config)), config.model_type(), world,
-                a.zero_stage, a.prompts, a.group, a.epochs, a.sft_steps, a.sync_mode.c_str(), a.delta ? ", delta" : "",
+                a.zero_stage, a.offload == "cpu" ? ", optimizer offloaded to host memory" : "", a.prompts, a.group,
+                a.epochs, a.sft_steps, a.sync_mode.c_str(), a.delta ? ", delta" : "",
                 first.sync_ms, first.plan_ms);
   }
   for (int step = start; step < a.last_step(); ++step) {
@@ -526,6 +529,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"in_place", "double_buffered"}));
   app.add_flag("--delta", a.delta, "delta syncs: only the elements whose bits changed travel");
   app.add_option("--zero-stage", a.zero_stage, "ZeRO stage of the training job")->check(CLI::Range(0, 3));
+  app.add_option("--offload", a.offload, "none | cpu: the training job's optimizer (masters, AdamW states, its step) "
+                 "in host memory (offload_optimizer.device; needs ZeRO stage 1-3)")
+      ->check(CLI::IsMember({"none", "cpu"}));
   app.add_option("--rollout-dtype", a.rollout_dtype, "fp32 | bf16 (weights cast on the way)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--config", a.config,

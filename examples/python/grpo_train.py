@@ -45,6 +45,7 @@ def parse_args():
     ap.add_argument("--sync-mode", default="in_place")  # the rollout's; the sender does not depend on it
     ap.add_argument("--rollout-dtype", default="fp32")   # the rollout's; the sync casts to what it announces
     ap.add_argument("--delta", action="store_true")
+    ap.add_argument("--offload", choices=["none", "cpu"], default="none")
     ap.add_argument("--checkpoint-dir", default="")
     a = ap.parse_args()
     missing = [f"--{k} {v}" for k, v, default in (("kl-beta", a.kl_beta, 0.0), ("epochs", a.epochs, 1),
@@ -102,6 +103,8 @@ def make_engine(a, model_config, share):
                  "zero_optimization": {"stage": a.zero_stage}}
     if a.zero_stage == 3:  # DeepSpeed's "auto" rule (10 x hidden): only the norms stay gathered
         ds_config["zero_optimization"]["stage3_param_persistence_threshold"] = 10 * model_config["hidden_size"]
+    if a.offload == "cpu":  # the optimizer's masters, states and step in host memory
+        ds_config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     engine, optimizer, _, _ = tessera.initialize(model=policy, config=ds_config)
     return policy, engine, optimizer
 

@@ -46,17 +46,22 @@ std::string mark_of(const std::string& text, const std::string& assignment) {
 }
 }  // namespace
 
-TEST_CASE("offload and AutoTP training, which the engine lacks, are marked not yet supported", "[config][describe]") {
-  const Config c = load_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
-      "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}, "tensor_parallel": {"autotp_size": 1}})");
+TEST_CASE("NVMe and parameter offload and AutoTP training, which the engine lacks, are marked not yet supported",
+          "[config][describe]") {
+  const Config c = load_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/nvme"}, "offload_param": {"device": "cpu"}}, "tensor_parallel": {"autotp_size": 1}})");
   const std::string text = describe(c);
   INFO(text);
-  CHECK(mark_of(text, "zero_optimization.offload_optimizer.device = \"cpu\"") == "given; not yet supported");
-  CHECK(mark_of(text, "zero_optimization.offload_param.device = \"nvme\"") == "given; not yet supported");
-  CHECK(mark_of(text, "zero_optimization.offload_param.nvme_path = \"/nvme\"") == "given");
+  CHECK(mark_of(text, "zero_optimization.offload_optimizer.device = \"nvme\"") == "given; not yet supported");
+  CHECK(mark_of(text, "zero_optimization.offload_param.device = \"cpu\"") == "given; not yet supported");
+  CHECK(mark_of(text, "zero_optimization.offload_optimizer.nvme_path = \"/nvme\"") == "given");
   REQUIRE(c.unsupported.size() == 2);
-  CHECK(c.unsupported[0].why == "optimizer offload");
+  CHECK(c.unsupported[0].why == "optimizer offload to NVMe");
   CHECK(c.unsupported[1].why == "parameter offload");
+  // Optimizer offload to host memory is supported: given, nothing unsupported.
+  const Config cpu = load_json(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
+  CHECK(cpu.unsupported.empty());
+  CHECK(mark_of(describe(cpu), "zero_optimization.offload_optimizer.device = \"cpu\"") == "given");
   // AutoTP: sizes 0 and 1 ask for nothing; 2 asks for tensor-parallel training.
   CHECK(load_json(R"({"tensor_parallel": {"autotp_size": 0}})").unsupported.empty());
   const Config tp = load_json(R"({"zero_optimization": {"stage": 2}, "tensor_parallel": {"autotp_size": 2}})");

@@ -197,9 +197,9 @@ TEST_CASE("DeepSpeed configs from popular projects load unchanged", "[config][lo
     const Config c = load_config(source_path("configs/deepspeed/openrlhf_train_zero3.json"));
     CHECK(c.zero_optimization.sub_group_size == 1'000'000'000);
     CHECK(c.zero_optimization.stage3_max_live_parameters == 1'000'000'000);
-    // data_types.grad_accum_dtype null asks for nothing; the optimizer offload is not there yet.
-    REQUIRE(c.unsupported.size() == 1);
-    CHECK(c.unsupported[0].path == "zero_optimization.offload_optimizer.device");
+    // data_types.grad_accum_dtype null asks for nothing; its optimizer offload to host memory is supported.
+    CHECK(c.unsupported.empty());
+    CHECK(c.zero_optimization.offload_optimizer.device == Auto<OffloadDevice>(OffloadDevice::cpu));
     Facts f;
     f.world_size = 8, f.hidden_size = 2048;
     CHECK(resolve_auto(c, f).gradient_accumulation_steps == Auto<std::int64_t>(8));  // 128 / (2 x 8)
@@ -230,6 +230,10 @@ TEST_CASE("the presets say what their names say", "[config][load]") {
   CHECK(z3.zero_optimization.leaf_module.name_suffixes == std::vector<std::string>{"mlp.experts"});
   const Config cpu = load_config(source_path("configs/zero3_offload_cpu.toml"));
   CHECK(cpu.zero_optimization.offload_param.device == Auto<OffloadDevice>(OffloadDevice::cpu));
+  const Config zero_offload = load_config(source_path("configs/zero2_offload_cpu.toml"));
+  CHECK(zero_offload.zero_optimization.offload_optimizer.device == Auto<OffloadDevice>(OffloadDevice::cpu));
+  CHECK(zero_offload.zero_optimization.offload_optimizer.buffer_count == 4);
+  CHECK(zero_offload.zero_optimization.offload_param.device == Auto<OffloadDevice>(OffloadDevice::none));
   const Config nvme = load_config(source_path("configs/zero3_offload_nvme.toml"));
   CHECK(nvme.zero_optimization.offload_optimizer.nvme_path == "/local_nvme");
   CHECK(has_warning(nvme, "aio: accepted and ignored"));

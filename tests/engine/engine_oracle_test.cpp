@@ -352,8 +352,12 @@ TEST_CASE("Bad settings are refused before the model changes", "[engine]") {
                     Catch::Contains("stage3_param_persistence_threshold"));
   CHECK_THROWS_WITH(
       tessera::initialize(model.module(),
-                          load(opt + "[zero_optimization]\nstage = 2\n[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n")),
-      Catch::Contains("zero_optimization.offload_optimizer.device = \"cpu\": not yet supported (optimizer offload)"));
+                          load(opt + "[zero_optimization]\nstage = 3\n[zero_optimization.offload_param]\ndevice = \"cpu\"\n")),
+      Catch::Contains("zero_optimization.offload_param.device = \"cpu\": not yet supported (parameter offload)"));
+  CHECK_THROWS_WITH(
+      tessera::initialize(model.module(),
+                          load(opt + "[zero_optimization]\nstage = 0\n[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n")),
+      Catch::Contains("offload_optimizer.device") && Catch::Contains("stage 1, 2 or 3"));
   CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[fp16]\nenabled = true\n[bf16]\nenabled = true\n" + opt)),
                     Catch::Contains("fp16") && Catch::Contains("bf16"));
   CHECK_THROWS_WITH(tessera::initialize(model.module(), load("[zero_optimization]\nstage = 1\n")),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A DeepSpeed-style Python training loop on tessera (only the import differs) against a single-process PyTorch
 oracle, bit for bit: 2 ranks (under tools/tessera-launch), ZeRO stages 0-3 (stage 3 through Python forward hooks), fp32, 30 steps of AdamW on an
-MLP. The oracle differentiates every rank's loss in this process, averages the gradients as the engine reduces
+MLP, and stages 2 and 3 with the optimizer offloaded to host memory. The oracle differentiates every rank's loss in this process, averages the gradients as the engine reduces
 them ((g_0 + g_1) / 2) and steps torch.optim.AdamW. A stage-3 run saved after 15 steps and resumed at stage 1
 from Python reaches the same weights; its save_16bit_model file holds the weights read by a plain reader. Also: the user's parameters are views of one flat buffer
 after initialize (rewired in place, not copied), a perturbed oracle differs (negative control), and bad input
@@ -41,13 +41,16 @@ def oracle(lr=LR):
     return train_averaged(model, adamw, loss_of, STEPS, world)
 
 
-def config(stage):
-    return {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                      "weight_decay": DECAY}},
-            "zero_optimization": {"stage": stage, "reduce_bucket_size": 2000,
-                                  "stage3_param_persistence_threshold": 100},
-            "tessera": {"transport": {"collective_timeout_ms": 60000}}}
+def config(stage, offload=False):
+    c = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
+         "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                   "weight_decay": DECAY}},
+         "zero_optimization": {"stage": stage, "reduce_bucket_size": 2000,
+                               "stage3_param_persistence_threshold": 100},
+         "tessera": {"transport": {"collective_timeout_ms": 60000}}}
+    if offload:  # the optimizer in host memory, stepped sub-group by sub-group
+        c["zero_optimization"].update({"offload_optimizer": {"device": "cpu", "buffer_count": 2}, "sub_group_size": 1000})
+    return c
 
 
 def expect(cond, what):
@@ -57,23 +60,24 @@ def expect(cond, what):
 
 
 expected = oracle()
-for stage in (0, 1, 2, 3):
+for stage, offload in ((0, False), (1, False), (2, False), (3, False), (2, True), (3, True)):
     model = model_of()
-    engine, _, _, _ = tessera.initialize(model=model, model_parameters=model.parameters(), config=config(stage))
+    engine, _, _, _ = tessera.initialize(model=model, model_parameters=model.parameters(), config=config(stage, offload))
+    name = f"{stage} with optimizer offload" if offload else str(stage)
     if stage < 3:  # at stage 3 the parameters are released between uses
         storages = {p.storage().data_ptr() for p in model.parameters()}
-        expect(len(storages) == 1, f"stage {stage}: the parameters are not views of one flat buffer ({len(storages)} storages)")
+        expect(len(storages) == 1, f"stage {name}: the parameters are not views of one flat buffer ({len(storages)} storages)")
     else:
         expect(model[0].weight.storage().data_ptr() == 0, "stage 3: a unit's weight holds memory outside its forward")
     for step in range(STEPS):
         loss = loss_of(engine, step, rank)
         engine.backward(loss)
         engine.step()
-    expect(engine.global_steps == STEPS, f"stage {stage}: global_steps {engine.global_steps}")
+    expect(engine.global_steps == STEPS, f"stage {name}: global_steps {engine.global_steps}")
     with engine.gathered_parameters():  # whole on every rank (stage 3); a no-op at stages 0-2
         got = [p.detach().clone() for p in model.parameters()]
     for i, (g, e) in enumerate(zip(got, expected)):
-        expect(torch.equal(g, e), f"stage {stage}: parameter {i} differs from the oracle by {(g - e).abs().max().item()}")
+        expect(torch.equal(g, e), f"stage {name}: parameter {i} differs from the oracle by {(g - e).abs().max().item()}")
 
 # Checkpoints from Python: stage 3 saves after 15 steps, a new engine at stage 1 loads and trains 15 more: the
 # oracle's 30-step weights, bit for bit; client_state comes back; save_16bit_model's file holds the weights.

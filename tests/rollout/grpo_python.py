@@ -4,21 +4,25 @@ the tessera package) against the C++ main job, the oracle: the same options and 
 Both training sides run the same operations in the same order, so every step's mean reward, loss, training-vs-
 rollout log-prob mismatch, the samples' mean negative log-prob, per-position accuracies and policy entropy must be
 equal as printed (6 significant digits), and the final weights (each job's checkpoint consolidated by `tessera
-checkpoint consolidate`) bit for bit. Stage 2 and stage 3. Negative control: a C++ run with the lr changed by 1% differs. Usage: grpo_python.py BUILD_DIR PORT"""
+checkpoint consolidate`) bit for bit. Stage 2 and stage 3. Negative control: a C++ run with the lr changed by 1% differs.
+With `offload`: the C++ and the Python training sides with the optimizer offloaded to host memory (--offload cpu)
+against the C++ main job without offload, the same comparisons.
+Usage: grpo_python.py BUILD_DIR PORT [offload]"""
 import os
 import subprocess
 import sys
 import tempfile
 
 build, port = sys.argv[1], int(sys.argv[2])
+offload = sys.argv[3:] == ["offload"]
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 20
 COMPARED = ["reward", "loss", "logprob_mismatch", "neg_logprob", "acc1", "acc2", "acc3", "entropy"]
 
 
-def run(out, port, python, stage, lr=None):
+def run(out, port, python, stage, lr=None, offload=False):
     extra = ["--steps", str(STEPS), "--seed", "5", "--zero-stage", str(stage), "--checkpoint-dir",
-             os.path.join(out, "ckpt")] + (["--lr", lr] if lr else [])
+             os.path.join(out, "ckpt")] + (["--lr", lr] if lr else []) + (["--offload", "cpu"] if offload else [])
     r = subprocess.run([sys.executable, os.path.join(root, "examples", "grpo", "run_grpo.py"), "--build", build,
                         "--port", str(port), "--out", out] + (["--python-train"] if python else []) + ["--"] + extra,
                        timeout=600, stdout=subprocess.DEVNULL)
@@ -42,21 +46,31 @@ def differences(a, b):
             if a[name][step] != b[name][step]]
 
 
+def compare(what, stage, run_, oracle_):
+    diff = differences(run_, oracle_)
+    if run_["weights"] != oracle_["weights"]:
+        failures.append(f"stage {stage}: the final weights of {what} differ from the C++ job's")
+    if diff:
+        failures.append(f"stage {stage}: {what} differs from the C++ one: {diff[:5]}")
+    else:
+        print(f"grpo_python: stage {stage}: {what}: {STEPS} steps equal (rewards {run_['reward'][0]} .. {run_['reward'][-1]})")
+
+
 failures, oracle = [], {}
 with tempfile.TemporaryDirectory() as tmp:
     for i, stage in enumerate((2, 3)):
-        cpp = oracle[stage] = run(os.path.join(tmp, f"cpp{stage}"), port + 2 * i, False, stage)
-        py = run(os.path.join(tmp, f"py{stage}"), port + 2 * i + 1, True, stage)
-        diff = differences(py, cpp)
-        if py["weights"] != cpp["weights"]:
-            failures.append(f"stage {stage}: the final weights differ from the C++ job's")
-        if diff:
-            failures.append(f"stage {stage}: the Python training side differs from the C++ one: {diff[:5]}")
-        else:
-            print(f"grpo_python: stage {stage}: {STEPS} steps equal (rewards {py['reward'][0]} .. {py['reward'][-1]})")
-    perturbed = run(os.path.join(tmp, "perturbed"), port + 4, False, 2, lr="0.00101")
-    if not differences(perturbed, oracle[2]) or perturbed["weights"] == oracle[2]["weights"]:
-        failures.append("negative control: a run with another lr printed the same curve")
+        base = port + 3 * i
+        cpp = oracle[stage] = run(os.path.join(tmp, f"cpp{stage}"), base, False, stage)
+        compare("the Python training side" + (" offloaded" if offload else ""), stage,
+                run(os.path.join(tmp, f"py{stage}"), base + 1, True, stage, offload=offload), cpp)
+        if offload:
+            compare("the C++ training side offloaded", stage,
+                    run(os.path.join(tmp, f"cpp_offload{stage}"), base + 2, False, stage, offload=True), cpp)
+    if not offload:
+        perturbed = run(os.path.join(tmp, "perturbed"), port + 6, False, 2, lr="0.00101")
+        if not differences(perturbed, oracle[2]) or perturbed["weights"] == oracle[2]["weights"]:
+            failures.append("negative control: a run with another lr printed the same curve")
 if failures:
     sys.exit("grpo_python: " + "; ".join(failures))
-print("grpo_python: ok (the Python training side reproduces the C++ main job at stages 2 and 3)")
+print("grpo_python: ok (" + ("the offloaded training sides reproduce" if offload else "the Python training side reproduces") +
+      " the C++ main job at stages 2 and 3)")
