@@ -4,7 +4,6 @@
 //  - `sync` answers with the work's stats, or carries its error, and the actor serves on;
 //  - `listen` receives sync after sync, records each outcome (failures too) and goes on;
 //  - `stop` is answered only once the sync under way has finished, and no sync starts after it.
-#include <catch2/catch.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +15,8 @@
 
 #include "actors/ask.h"
 #include "actors/rollout/rollout_sink_actor.h"
+// Last: the headers above bring LibTorch, whose logging defines a glog-style CHECK; Catch's must win.
+#include <catch2/catch.hpp>
 
 using namespace tessera;
 using namespace tessera::actors;

@@ -1,7 +1,6 @@
 // weight_sync_options(config): a config file's [tessera.rollout] sets the weight sync's replica
 // policy, staging budget and timeout; without the section, and in a default WeightSyncOptions, they
 // are the same defaults (RolloutConfig's). One process, no jobs.
-#include <catch2/catch.hpp>
 
 #include <chrono>
 #include <string>
@@ -9,6 +8,8 @@
 #include "actors/rollout/weight_sync.h"
 #include "core/config/load.h"
 #include "core/error.h"
+// Last: the headers above bring LibTorch, whose logging defines a glog-style CHECK; Catch's must win.
+#include <catch2/catch.hpp>
 
 // LibTorch's headers (through weight_sync.h) define glog's CHECK over Catch's: REQUIRE here.
 using namespace tessera;

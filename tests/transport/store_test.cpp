@@ -1,5 +1,10 @@
 // The rendezvous Store in one process: namespaces, shared namespaces between jobs, counters, and
 // timeouts whose errors name the key and the job.
+// The rendezvous headers include LibTorch's, whose logging defines a glog-style CHECK: they come
+// before Catch so that Catch's CHECK is the one in force.
+#include "transport/rendezvous/store_client.h"
+#include "transport/rendezvous/store_server.h"
+
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -164,6 +169,23 @@ TEST_CASE("tcp store: only peers holding the secret get in; the refused change n
   auto peer = Store::tcp(member, {"train", 5000ms});
   CHECK(peer->get_string("weights/version") == "7");
   CHECK(peer->add("counter", 2) == 2);
+}
+
+// LibTorch 2.x's c10d::Store::clone, which its process groups call: a second connection to the
+// same server that sees and changes the same keys, and holds the same secret.
+TEST_CASE("tcp store: a cloned client is another connection to the same keys", "[store][rendezvous]") {
+  rendezvous::StoreServer server("127.0.0.1", 0, "clone secret");
+  auto client = c10::make_intrusive<rendezvous::StoreClient>("127.0.0.1", server.port(), "clone secret", 2000ms, 3000ms);
+  client->set("a", std::vector<uint8_t>{1, 2, 3});
+  auto copy = client->clone();
+  REQUIRE(copy.get() != client.get());
+  CHECK(copy->get("a") == std::vector<uint8_t>{1, 2, 3});
+  CHECK(copy->add("n", 5) == 5);
+  CHECK(client->add("n", 1) == 6);
+  CHECK(copy->getTimeout() == 3000ms);
+  CHECK(server.refused() == 0);
+  client.reset();
+  CHECK(copy->check({"a", "n"}));  // the copy outlives the original
 }
 
 TEST_CASE("tcp store: the server listens on the address it is given and nowhere else", "[store][rendezvous]") {

@@ -1,10 +1,12 @@
 // The NCCL backend of Communicator (GPU; built only with TESSERA_WITH_CUDA). Rank 0 of the
 // communicator creates the NCCL unique id and publishes it in the communicator's store scope;
-// every member joins with ncclCommInitRank on its device. Operations are enqueued on one stream
-// per communicator and waited for by polling (cudaStreamQuery) up to the communicator timeout;
-// a timeout aborts the NCCL communicator (ncclCommAbort) and reports "timed out", which the
-// Communicator turns into a TimeoutError with the missing ranks. send/recv ignore the tag (NCCL
-// matches by program order per peer, which the sequencer already fixes).
+// every member joins with ncclCommInitRankConfig on its device. The NCCL communicator is
+// non-blocking, so no NCCL call can hang: initialisation, every enqueue that answers
+// ncclInProgress and every operation's stream are polled up to the communicator timeout, and a
+// timeout aborts the NCCL communicator (ncclCommAbort) and reports "timed out", which the
+// Communicator turns into a TimeoutError with the missing ranks. Operations run on one stream per
+// communicator. send/recv ignore the tag (NCCL matches by program order per peer, which the
+// sequencer already fixes).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -66,17 +68,32 @@ class NcclBackend : public Backend {
       if (bytes.size() != sizeof id) throw TransportError("NCCL: unique id of wrong size in the store");
       std::memcpy(&id, bytes.data(), sizeof id);
     }
-    check_nccl(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    try {
+      enqueued(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
+    } catch (const TransportError& e) {
+      throw TransportError(std::string(e.what()) + " (rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                           " on CUDA device " + std::to_string(device) + ")");
+    }
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
     check_cuda(cudaEventCreateWithFlags(&producer_done_, cudaEventDisableTiming), "cudaEventCreate");
   }
 
+  // Finalizes (flushes) the NCCL communicator within the timeout, else aborts it.
   ~NcclBackend() override {
+    if (comm_) {
+      try {
+        enqueued(ncclCommFinalize(comm_), "ncclCommFinalize");
+        if (comm_) ncclCommDestroy(comm_);
+      } catch (const std::exception&) {
+        // enqueued() aborted the communicator: nothing left to destroy.
+      }
+    }
     if (producer_done_) cudaEventDestroy(producer_done_);
     if (scratch_) cudaFree(scratch_);
     if (stream_) cudaStreamDestroy(stream_);
-    if (comm_) ncclCommDestroy(comm_);
   }
 
   const std::string& name() const override { return name_; }
@@ -85,13 +102,14 @@ class NcclBackend : public Backend {
   // waits for what the producer's stream has enqueued so far: inputs are complete before NCCL
   // reads them. Outputs are complete when sync() returns.
   void wait_for_producer(void* producer) override {
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");  // operations run on the sequencer's thread
     check_cuda(cudaEventRecord(producer_done_, static_cast<cudaStream_t>(producer)), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, producer_done_, 0), "cudaStreamWaitEvent");
   }
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
     device_tensor(t);
-    check_nccl(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), comm_, stream_),
+    enqueued(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), comm_, stream_),
                "ncclAllReduce");
     sync("all_reduce");
   }
@@ -99,7 +117,7 @@ class NcclBackend : public Backend {
   void reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) override {
     device_tensor(in);
     device_tensor(out);
-    check_nccl(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in), nccl_op(op), comm_,
+    enqueued(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in), nccl_op(op), comm_,
                                  stream_),
                "ncclReduceScatter");
     sync("reduce_scatter");
@@ -108,7 +126,7 @@ class NcclBackend : public Backend {
   void all_gather(const at::Tensor& in, at::Tensor& out) override {
     device_tensor(in);
     device_tensor(out);
-    check_nccl(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in), comm_, stream_),
+    enqueued(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in), comm_, stream_),
                "ncclAllGather");
     sync("all_gather");
   }
@@ -117,13 +135,13 @@ class NcclBackend : public Backend {
     device_tensor(buffer);
     const int64_t chunk = buffer.numel() / size_;
     auto* own = static_cast<char*>(buffer.data_ptr()) + rank_ * chunk * buffer.element_size();
-    check_nccl(ncclAllGather(own, buffer.data_ptr(), chunk, nccl_type(buffer), comm_, stream_), "ncclAllGather");
+    enqueued(ncclAllGather(own, buffer.data_ptr(), chunk, nccl_type(buffer), comm_, stream_), "ncclAllGather");
     sync("all_gather_in_place");
   }
 
   void reduce(at::Tensor& t, int root, ReduceOp op) override {
     device_tensor(t);
-    check_nccl(ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), root, comm_, stream_),
+    enqueued(ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), root, comm_, stream_),
                "ncclReduce");
     sync("reduce");
   }
@@ -138,16 +156,16 @@ class NcclBackend : public Backend {
     for (int r = 0; r < size_; ++r) {
       const size_t bytes = counts[r] * element;
       const void* send = r == rank_ ? in.data_ptr() : base + offset;
-      check_nccl(ncclBroadcast(send, base + offset, bytes, ncclUint8, r, comm_, stream_), "ncclBroadcast");
+      enqueued(ncclBroadcast(send, base + offset, bytes, ncclUint8, r, comm_, stream_), "ncclBroadcast");
       offset += bytes;
     }
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    enqueued(ncclGroupEnd(), "ncclGroupEnd");
     sync("all_gather_uneven");
   }
 
   void broadcast(at::Tensor& t, int root) override {
     device_tensor(t);
-    check_nccl(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), root, comm_, stream_),
+    enqueued(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), root, comm_, stream_),
                "ncclBroadcast");
     sync("broadcast");
   }
@@ -160,27 +178,27 @@ class NcclBackend : public Backend {
     auto* recv = static_cast<char*>(out.data_ptr());
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < size_; ++r) {
-      check_nccl(ncclSend(send + r * chunk_bytes, chunk_bytes, ncclUint8, r, comm_, stream_), "ncclSend");
-      check_nccl(ncclRecv(recv + r * chunk_bytes, chunk_bytes, ncclUint8, r, comm_, stream_), "ncclRecv");
+      enqueued(ncclSend(send + r * chunk_bytes, chunk_bytes, ncclUint8, r, comm_, stream_), "ncclSend");
+      enqueued(ncclRecv(recv + r * chunk_bytes, chunk_bytes, ncclUint8, r, comm_, stream_), "ncclRecv");
     }
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    enqueued(ncclGroupEnd(), "ncclGroupEnd");
     sync("all_to_all");
   }
 
   void send(const at::Tensor& t, int dst, uint32_t) override {
     device_tensor(t);
-    check_nccl(ncclSend(t.data_ptr(), t.numel(), nccl_type(t), dst, comm_, stream_), "ncclSend");
+    enqueued(ncclSend(t.data_ptr(), t.numel(), nccl_type(t), dst, comm_, stream_), "ncclSend");
     sync("send");
   }
 
   void recv(at::Tensor& t, int src, uint32_t) override {
     device_tensor(t);
-    check_nccl(ncclRecv(t.data_ptr(), t.numel(), nccl_type(t), src, comm_, stream_), "ncclRecv");
+    enqueued(ncclRecv(t.data_ptr(), t.numel(), nccl_type(t), src, comm_, stream_), "ncclRecv");
     sync("recv");
   }
 
   void barrier() override {
-    check_nccl(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce(barrier)");
+    enqueued(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce(barrier)");
     sync("barrier");
   }
 
@@ -195,29 +213,54 @@ class NcclBackend : public Backend {
       throw TransportError("NCCL communicator: tensors must be on a CUDA device, got " + t.device().str());
   }
 
+  // The answer of a call on the non-blocking communicator: ncclInProgress is polled until the
+  // call completed (or the timeout passed), any other error is thrown.
+  void enqueued(ncclResult_t r, const char* what) {
+    if (r == ncclInProgress) {
+      poll(what, [] { return true; });
+    } else if (r != ncclSuccess) {
+      const std::string detail = comm_ ? ncclGetLastError(comm_) : "";
+      throw TransportError(std::string("NCCL ") + what + " failed: " + ncclGetErrorString(r) +
+                           (detail.empty() ? "" : " (" + detail + ")"));
+    }
+  }
+
   // Waits for the stream, polling so that a missing peer becomes a timeout instead of a hang.
   void sync(const char* op) {
+    poll(op, [&] {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e != cudaSuccess && e != cudaErrorNotReady) check_cuda(e, op);
+      return e == cudaSuccess;
+    });
+  }
+
+  // Polls until the communicator has nothing in progress and `done()` holds; an asynchronous NCCL
+  // error or the timeout aborts the communicator and throws.
+  template <typename Done>
+  void poll(const char* op, Done done) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
-      cudaError_t e = cudaStreamQuery(stream_);
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) check_cuda(e, op);
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
-      if (async != ncclSuccess) {
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
-        throw TransportError(std::string("NCCL ") + op + " failed: " + ncclGetErrorString(async) +
-                             " (connection closed or peer lost)");
+      if (async != ncclSuccess && async != ncclInProgress) {
+        const std::string detail = ncclGetLastError(comm_);
+        abort_communicator();
+        throw TransportError(std::string("NCCL ") + op + " failed: " + ncclGetErrorString(async) + " (" +
+                             (detail.empty() ? "a peer was lost or a connection closed" : detail) + ")");
       }
+      if (async == ncclSuccess && done()) return;
       if (std::chrono::steady_clock::now() > deadline) {
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
+        abort_communicator();
         throw TransportError(std::string("NCCL ") + op + " timed out after " + std::to_string(timeout_.count()) +
                              " ms");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+  }
+
+  void abort_communicator() {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
   }
 
   std::string name_ = "nccl";

@@ -47,9 +47,18 @@ void set_receive_timeout(int fd, int64_t ms) {
 
 }  // namespace
 
+c10::intrusive_ptr<c10d::Store> StoreClient::clone() {
+  return c10::make_intrusive<StoreClient>(host_, port_, secret_, connect_timeout_, timeout_);
+}
+
 StoreClient::StoreClient(const std::string& host, int port, const std::string& secret,
                          std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout)
-    : c10d::Store(timeout), where_("tcp store " + host + ":" + std::to_string(port)) {
+    : c10d::Store(timeout),
+      host_(host),
+      port_(port),
+      secret_(secret),
+      connect_timeout_(connect_timeout),
+      where_("tcp store " + host + ":" + std::to_string(port)) {
   const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
   std::string error = "no attempt";
   for (;;) {

@@ -32,12 +32,19 @@ class StoreClient : public c10d::Store {
   int64_t getNumKeys() override;
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  // LibTorch 2.x's c10d::Store::clone (pure virtual there, absent in 1.13: hence no `override`):
+  // a new connection to the same server, with the same secret and timeouts.
+  c10::intrusive_ptr<c10d::Store> clone();
 
  private:
   // Sends a request and returns the reply's reader position (status checked); `blocking_ms` is
   // how long the server may hold it.
   std::vector<uint8_t> call(const std::vector<uint8_t>& request, int64_t blocking_ms, const std::string& what);
 
+  std::string host_;
+  int port_;
+  std::string secret_;
+  std::chrono::milliseconds connect_timeout_;
   std::string where_;
   int fd_ = -1;
   std::mutex mutex_;
