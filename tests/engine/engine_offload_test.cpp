@@ -23,6 +23,7 @@
 #include "core/config/load.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/engine/test_communicator.h"
 #include "transport/communicator.h"
 
 namespace fs = std::filesystem;
@@ -201,24 +202,11 @@ TEST_CASE("Optimizer offload against torch::optim::AdamW on the averaged gradien
   expect_same_parameters(snapshot_parameters(*t.gpt->module()), snapshot_parameters(*oracle.gpt->module()));
 }
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
-
-tessera::transport::Communicator& test_comm() {
-  static auto comm = [] {
-    tessera::transport::CommunicatorOptions o;
-    o.name = "offload_test";
-    o.timeout = std::chrono::seconds(120);
-    return tessera::transport::Communicator::gloo(tessera::actors::job_store(), kRank, kWorld, o);
-  }();
-  return *comm;
-}
+tessera::transport::Communicator& test_comm() { return test_communicator("offload_test"); }
 
 // A directory every rank of this launch names alike, emptied by rank 0 before anyone uses it.
 std::string fresh_dir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("tessera_offload_" + env_or("TESSERA_JOB", "solo") + "_" + name);
+  const auto dir = fs::temp_directory_path() / ("tessera_offload_" + env_string("TESSERA_JOB", "solo") + "_" + name);
   if (kRank == 0) fs::remove_all(dir);
   if (kWorld > 1) test_comm().barrier()->wait();
   return dir.string();

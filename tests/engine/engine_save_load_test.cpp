@@ -29,6 +29,7 @@
 #include "core/io/safetensors.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/engine/test_communicator.h"
 #include "transport/communicator.h"
 
 namespace fs = std::filesystem;
@@ -41,28 +42,14 @@ using tessera::Engine;
 
 constexpr int kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
-
-// The ranks' own barrier (the engine's communicators are its own).
-tessera::transport::Communicator& test_comm() {
-  static auto comm = [] {
-    tessera::transport::CommunicatorOptions o;
-    o.name = "save_load_test";
-    o.timeout = std::chrono::seconds(120);
-    return tessera::transport::Communicator::gloo(tessera::actors::job_store(), kRank, kWorld, o);
-  }();
-  return *comm;
-}
+tessera::transport::Communicator& test_comm() { return test_communicator("save_load_test"); }
 void barrier() {
   if (kWorld > 1) test_comm().barrier()->wait();
 }
 
 // A directory every rank of this launch names alike, emptied by rank 0 (before a collective call).
 std::string fresh_dir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("tessera_save_load_" + env_or("TESSERA_JOB", "solo") + "_" + name);
+  const auto dir = fs::temp_directory_path() / ("tessera_save_load_" + env_string("TESSERA_JOB", "solo") + "_" + name);
   if (kRank == 0) fs::remove_all(dir);
   barrier();
   return dir.string();
@@ -482,11 +469,11 @@ TEST_CASE("checkpoint.tag_validation: ranks passing different tags", "[errors]")
 // Saved at this launch's layout (TESSERA_CKPT_STAGE, TESSERA_CKPT_DTYPE) into TESSERA_CKPT_DIR,
 // with the reference every later layout must reproduce (reference.safetensors, rank 0).
 TEST_CASE("Save at one layout, with its reference", "[.layout_save]") {
-  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  const std::string dir = env_string("TESSERA_CKPT_DIR", "");
   REQUIRE(!dir.empty());
-  const int stage = std::stoi(env_or("TESSERA_CKPT_STAGE", "0"));
+  const int stage = std::stoi(env_string("TESSERA_CKPT_STAGE", "0"));
   auto t = gpt();
-  auto engine = engine_for(t, config(stage, precision_section(env_or("TESSERA_CKPT_DTYPE", "fp32"))));
+  auto engine = engine_for(t, config(stage, precision_section(env_string("TESSERA_CKPT_DTYPE", "fp32"))));
   train(*engine, t, 0, 3);
   engine->save_checkpoint(dir);
   auto reference = materialize(*engine);
@@ -499,11 +486,11 @@ TEST_CASE("Save at one layout, with its reference", "[.layout_save]") {
 }
 
 TEST_CASE("Load at another layout: every stored tensor bitwise", "[.layout_load]") {
-  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  const std::string dir = env_string("TESSERA_CKPT_DIR", "");
   REQUIRE(!dir.empty());
-  const int stage = std::stoi(env_or("TESSERA_CKPT_STAGE", "0"));
+  const int stage = std::stoi(env_string("TESSERA_CKPT_STAGE", "0"));
   auto t = gpt(123);  // another initialisation: everything must come from the checkpoint
-  auto engine = engine_for(t, config(stage, precision_section(env_or("TESSERA_CKPT_DTYPE", "fp32"))));
+  auto engine = engine_for(t, config(stage, precision_section(env_string("TESSERA_CKPT_DTYPE", "fp32"))));
   fill_nan(*engine);
   engine->load_checkpoint(dir);
   CHECK(engine->global_steps() == 3);
@@ -528,8 +515,8 @@ TEST_CASE("Load at another layout: every stored tensor bitwise", "[.layout_load]
 // then ends the others. [.kill_check] (fresh processes) must find the first checkpoint intact, or
 // the second one whole where the kill came after its commit.
 TEST_CASE("A save killed at a given point", "[.kill_save]") {
-  const std::string dir = env_or("TESSERA_CKPT_DIR", ""), point = env_or("TESSERA_KILL_POINT", "");
-  const int kill_rank = std::stoi(env_or("TESSERA_KILL_RANK", "0"));
+  const std::string dir = env_string("TESSERA_CKPT_DIR", ""), point = env_string("TESSERA_KILL_POINT", "");
+  const int kill_rank = std::stoi(env_string("TESSERA_KILL_RANK", "0"));
   REQUIRE(!dir.empty());
   auto t = gpt();
   auto engine = engine_for(t, config(2, ""));
@@ -537,7 +524,7 @@ TEST_CASE("A save killed at a given point", "[.kill_save]") {
   engine->save_checkpoint(dir, {"first"});
   train(*engine, t, 1, 2);
   tessera::CheckpointSaveOptions options{"second"};
-  if (env_or("TESSERA_KILL_ASYNC", "0") == "1") options.mode = tessera::SaveMode::asynchronous;
+  if (env_string("TESSERA_KILL_ASYNC", "0") == "1") options.mode = tessera::SaveMode::asynchronous;
   options.at_point_for_testing = [&](tessera::SavePoint p) {
     static const std::map<std::string, tessera::SavePoint> points{
         {"rank_file_written", tessera::SavePoint::rank_file_written},
@@ -553,7 +540,7 @@ TEST_CASE("A save killed at a given point", "[.kill_save]") {
 }
 
 TEST_CASE("After a killed save", "[.kill_check]") {
-  const std::string dir = env_or("TESSERA_CKPT_DIR", ""), point = env_or("TESSERA_KILL_POINT", "");
+  const std::string dir = env_string("TESSERA_CKPT_DIR", ""), point = env_string("TESSERA_KILL_POINT", "");
   REQUIRE(!dir.empty());
   auto t = gpt();
   auto engine = engine_for(t, config(2, ""));
@@ -596,7 +583,7 @@ TEST_CASE("[tessera.checkpoint] keep_last = 2 keeps the two newest tags", "[keep
 // Preemption (save_load_sigterm.py): the job trains until SIGTERM reaches the launcher, which
 // forwards it; every rank saves at the next step boundary and exits 0.
 TEST_CASE("Trains until SIGTERM, then saves", "[.sigterm]") {
-  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  const std::string dir = env_string("TESSERA_CKPT_DIR", "");
   REQUIRE(!dir.empty());
   auto t = gpt();
   auto engine = engine_for(t, config(2, "") + "[tessera.checkpoint]\nsigterm_save_dir = \"" + dir + "\"\n");
@@ -608,7 +595,7 @@ TEST_CASE("Trains until SIGTERM, then saves", "[.sigterm]") {
 }
 
 TEST_CASE("The checkpoint SIGTERM left", "[.sigterm_check]") {
-  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  const std::string dir = env_string("TESSERA_CKPT_DIR", "");
   auto t = gpt();
   auto engine = engine_for(t, config(2, ""));
   const auto loaded = engine->load_checkpoint(dir);
@@ -620,9 +607,9 @@ TEST_CASE("The checkpoint SIGTERM left", "[.sigterm_check]") {
 // The stress script (tools/checkpoint_kill_stress.py) kills this job at random moments: it saves
 // after every step, forever, keeping the newest two tags.
 TEST_CASE("Saves after every step until killed", "[.stress_save]") {
-  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  const std::string dir = env_string("TESSERA_CKPT_DIR", "");
   REQUIRE(!dir.empty());
-  const bool async = env_or("TESSERA_STRESS_ASYNC", "0") == "1";
+  const bool async = env_string("TESSERA_STRESS_ASYNC", "0") == "1";
   auto t = gpt();
   auto engine = engine_for(t, config(2, "") + "[tessera.checkpoint]\nkeep_last = 2\n");
   int step = 0;
@@ -640,7 +627,7 @@ TEST_CASE("Saves after every step until killed", "[.stress_save]") {
 }
 
 TEST_CASE("The latest checkpoint loads after a kill", "[.stress_check]") {
-  const std::string dir = env_or("TESSERA_CKPT_DIR", "");
+  const std::string dir = env_string("TESSERA_CKPT_DIR", "");
   auto t = gpt();
   auto engine = engine_for(t, config(2, ""));
   const auto loaded = engine->load_checkpoint(dir);
@@ -745,7 +732,7 @@ TEST_CASE("A client optimizer tessera does not translate: save and load refused 
 // next save runs out of space (ENOSPC, on whichever ranks it hits): nothing is committed, no partial
 // directory is left, the first still loads, and once space is freed the engine saves again.
 TEST_CASE("A save onto a full tmpfs commits nothing and leaves the engine usable", "[.tmpfs_full]") {
-  const fs::path dir = env_or("TESSERA_CKPT_DIR", "");
+  const fs::path dir = env_string("TESSERA_CKPT_DIR", "");
   REQUIRE_FALSE(dir.empty());
   auto t = gpt();
   auto engine = engine_for(t, config(2, ""));

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/engine/test_communicator.h"
 #include "transport/communicator.h"
 
 namespace {
@@ -42,15 +43,7 @@ struct Model : torch::nn::Module {
   torch::Tensor extra;
 };
 
-tessera::transport::Communicator& test_world() {
-  static std::shared_ptr<tessera::transport::Communicator> world = [] {
-    tessera::transport::CommunicatorOptions o;
-    o.name = "storage_test";
-    o.timeout = std::chrono::seconds(60);
-    return tessera::transport::Communicator::gloo(tessera::actors::job_store(), kRank, kWorld, o);
-  }();
-  return *world;
-}
+tessera::transport::Communicator& test_world() { return test_communicator("storage_test", std::chrono::seconds(60)); }
 
 // Every rank's buffer, indexed by rank (all ranks' buffers of one kind have one size).
 std::vector<torch::Tensor> gather(const torch::Tensor& mine) {
