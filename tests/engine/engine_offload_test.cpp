@@ -23,6 +23,7 @@
 #include "core/config/load.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/engine/storage_snapshot.h"
 #include "tests/engine/test_communicator.h"
 #include "transport/communicator.h"
 
@@ -88,25 +89,6 @@ std::vector<double> train(Engine& engine, const Trainee& t, int from, int to) {
       losses.push_back(loss.item<double>());
     }
   return losses;
-}
-
-std::map<std::string, torch::Tensor> buffers(const Engine& engine) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& [key, t] : engine.storage_maps().buffers) out[key] = t.clone();
-  return out;
-}
-
-// The buffers whose bytes differ (or that one side lacks).
-std::vector<std::string> differing(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
-  std::vector<std::string> out;
-  for (const auto& [key, t] : a) {
-    const auto it = b.find(key);
-    if (it == b.end() || t.scalar_type() != it->second.scalar_type() || t.numel() != it->second.numel() ||
-        !torch::equal(t.contiguous().view(torch::kByte), it->second.contiguous().view(torch::kByte)))
-      out.push_back(key);
-  }
-  if (a.size() != b.size()) out.push_back("(" + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " buffers)");
-  return out;
 }
 
 std::string first(const std::vector<std::string>& keys) { return keys.empty() ? "" : keys.front(); }

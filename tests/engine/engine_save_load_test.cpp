@@ -29,6 +29,7 @@
 #include "core/io/safetensors.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/engine/storage_snapshot.h"
 #include "tests/engine/test_communicator.h"
 #include "transport/communicator.h"
 
@@ -118,22 +119,6 @@ void train(Engine& engine, const Trainee& t, int from, int to) {
       engine.backward(t.loss(step, micro));
       engine.step();
     }
-}
-
-std::map<std::string, torch::Tensor> buffers(const Engine& engine) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& [key, t] : engine.storage_maps().buffers) out[key] = t.clone();
-  return out;
-}
-
-// Which buffers differ bitwise (NaN == NaN bit patterns compare equal through the bytes).
-std::vector<std::string> differing(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
-  std::vector<std::string> out;
-  for (const auto& [key, t] : a) {
-    const auto it = b.find(key);
-    if (it == b.end() || !torch::equal(t.view(torch::kByte), it->second.view(torch::kByte))) out.push_back(key);
-  }
-  return out;
 }
 
 void fill_nan(Engine& engine) {
