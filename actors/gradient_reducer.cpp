@@ -11,14 +11,11 @@
 #include <map>
 
 #include "actors/actor_runtime.h"
+#include "core/elapsed.h"
 #include "core/error.h"
 
 namespace tessera::actors {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 int64_t bytes(const at::Tensor& t) { return t.defined() ? int64_t(t.numel() * t.element_size()) : 0; }
 

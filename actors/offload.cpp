@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "actors/actor_runtime.h"
+#include "core/elapsed.h"
 #include "core/error.h"
 
 namespace tessera::actors {
@@ -34,10 +35,6 @@ struct OffloadState {
     return slots[size_t(k)];
   }
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 offload_actor::behavior_type offload(offload_actor::stateful_pointer<OffloadState> self, OffloadStaging staging) {
   self->state.staging = staging;

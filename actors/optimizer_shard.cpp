@@ -8,14 +8,11 @@
 #include "actors/actor_runtime.h"
 #include "actors/ask.h"
 #include "actors/offload.h"
+#include "core/elapsed.h"
 #include "core/optim/state_store.h"
 
 namespace tessera::actors {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 struct OptimizerShardState {
   std::shared_ptr<const EngineSpec> spec;
@@ -80,7 +77,7 @@ struct OptimizerShardState {
     using InFlight = decltype(gradients_to_host(0));
     std::deque<InFlight> arriving;
     std::vector<decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}))> leaving;
-    size_t asked = 0;
+    size_t asked = 0, acquired = 0;
     for (; asked < pieces.size() && asked < size_t(staging_slots); ++asked) arriving.push_back(gradients_to_host(asked));
     for (size_t i = 0; i < pieces.size() && !failure; ++i) {
       const auto& p = pieces[i];
@@ -96,9 +93,15 @@ struct OptimizerShardState {
       }
       report.offload_copy_s += grad.copy_s;
       const auto& hp = request.hyperparameters.at(size_t(spec->plan->groups()[p.g].param_group));
+      // Acquired until its weights have left (the offload actor reads the master until it replies).
       auto state = store->acquire(int64_t(p.g), int64_t(p.s));
-      kernels[p.g]->step(state.master, grad.host, state.states, updates + 1, hp, workspace);
-      store->release(int64_t(p.g), int64_t(p.s));
+      ++acquired;
+      try {
+        kernels[p.g]->step(state.master, grad.host, state.states, updates + 1, hp, workspace);
+      } catch (...) {
+        failure = std::current_exception();
+        break;
+      }
       // Slot i % staging_slots is free again: ask for the sub-group that uses it next.
       if (asked < pieces.size()) arriving.push_back(gradients_to_host(asked++));
       WeightsToDevice out{int64_t(i) % staging_slots, state.master,
@@ -113,6 +116,7 @@ struct OptimizerShardState {
         if (d.error && !failure) failure = d.error;
       }, fail("weights to the device"));
     report.offload_wait_s += seconds_since(t0);
+    for (size_t i = 0; i < acquired; ++i) store->release(int64_t(pieces[i].g), int64_t(pieces[i].s));
     if (failure) std::rethrow_exception(failure);
     ++updates;
   }

@@ -28,6 +28,7 @@
 #include "actors/engine/engine.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
+#include "core/elapsed.h"
 #include "core/nn/tiny_gpt.h"
 #include "transport/launch_env.h"
 
@@ -106,7 +107,7 @@ int main(int argc, char** argv) {
       for (int k = 0; k < steps; ++k) {
         const auto t0 = std::chrono::steady_clock::now();
         step(r, warmup + round * steps + k);
-        total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        total += tessera::seconds_since(t0);
         const auto t = r.engine->last_step_timing();
         r.update_ms.push_back(1e3 * t.update_s);
         r.wait_ms.push_back(1e3 * t.offload_wait_s);

@@ -68,6 +68,7 @@
 #include "bench/common/counting_allocator.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
+#include "core/elapsed.h"
 #include "core/nn/tiny_gpt.h"
 #include "transport/launch_env.h"
 
@@ -77,6 +78,7 @@ namespace {
 using tessera::bench::CountingAllocator;
 using tessera::bench::g_live;
 using tessera::bench::g_peak;
+using tessera::seconds_since;
 using tessera::bench::reset_peak;
 
 // Waits (up to 2 s) for the live bytes to stop falling: engines shut their actors down asynchronously.
@@ -104,10 +106,6 @@ double cpu_seconds() {  // every thread of the process (the actors' and Gloo's i
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 struct Run {

@@ -31,6 +31,8 @@ void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) FAIL(what << ": " << cudaGetErrorString(e));
 }
 
+// Not mp_world.h's MpWorld: that one makes a Gloo world communicator, and the device check's build
+// has no Gloo.
 struct World {
   int rank = env_int("RANK", 0);
   int size = env_int("WORLD_SIZE", 1);
@@ -257,9 +259,10 @@ TEST_CASE("two ranks sharing one GPU finish: a correct sum or NCCL's refusal", "
     auto comm = w.nccl("nccl_shared");
     auto t = to_gpu(input_of(w.rank, 1009, torch::kFloat));
     comm->all_reduce(t)->wait();
-    CHECK(same(t, expected_reduce(w.size, 1009, torch::kFloat, ReduceOp::sum)));
+    const bool right = same(t, expected_reduce(w.size, 1009, torch::kFloat, ReduceOp::sum));
     std::printf("[rank%d] shared GPU: NCCL ran %d ranks on one device; the sum is %s\n", w.rank, w.size,
-                same(t, expected_reduce(w.size, 1009, torch::kFloat, ReduceOp::sum)) ? "right" : "WRONG");
+                right ? "right" : "WRONG");
+    CHECK(right);
   } catch (const tessera::Error& e) {
     std::printf("[rank%d] shared GPU: refused: %s\n", w.rank, e.what());
     CHECK_THAT(e.what(), Catch::Contains("NCCL"));

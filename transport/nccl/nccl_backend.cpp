@@ -110,7 +110,7 @@ class NcclBackend : public Backend {
   void all_reduce(at::Tensor& t, ReduceOp op) override {
     device_tensor(t);
     enqueued(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), comm_, stream_),
-               "ncclAllReduce");
+             "ncclAllReduce");
     sync("all_reduce");
   }
 
@@ -118,8 +118,8 @@ class NcclBackend : public Backend {
     device_tensor(in);
     device_tensor(out);
     enqueued(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in), nccl_op(op), comm_,
-                                 stream_),
-               "ncclReduceScatter");
+                               stream_),
+             "ncclReduceScatter");
     sync("reduce_scatter");
   }
 
@@ -127,7 +127,7 @@ class NcclBackend : public Backend {
     device_tensor(in);
     device_tensor(out);
     enqueued(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in), comm_, stream_),
-               "ncclAllGather");
+             "ncclAllGather");
     sync("all_gather");
   }
 
@@ -142,7 +142,7 @@ class NcclBackend : public Backend {
   void reduce(at::Tensor& t, int root, ReduceOp op) override {
     device_tensor(t);
     enqueued(ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), root, comm_, stream_),
-               "ncclReduce");
+             "ncclReduce");
     sync("reduce");
   }
 
@@ -166,7 +166,7 @@ class NcclBackend : public Backend {
   void broadcast(at::Tensor& t, int root) override {
     device_tensor(t);
     enqueued(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), root, comm_, stream_),
-               "ncclBroadcast");
+             "ncclBroadcast");
     sync("broadcast");
   }
 
