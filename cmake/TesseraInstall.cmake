@@ -32,3 +32,5 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/tesseraConfigVersion.cmak
 install(FILES ${PROJECT_BINARY_DIR}/tesseraConfig.cmake ${PROJECT_BINARY_DIR}/tesseraConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tessera)
 install(PROGRAMS tools/tessera-launch DESTINATION ${CMAKE_INSTALL_BINDIR} OPTIONAL)
+# The launcher script finds its package in ../share/tessera/launch.
+install(DIRECTORY tools/tessera_launch DESTINATION ${CMAKE_INSTALL_DATADIR}/tessera/launch PATTERN __pycache__ EXCLUDE)

@@ -2,6 +2,7 @@
 // engine: TinyGpt by default, or a Llama/Qwen2/Qwen3 model from a Hugging Face config.json.
 //
 //   tools/tessera-launch --nproc-per-node 2 build/examples/train_lm/train_lm --config configs/zero2.toml
+//   tools/tessera-launch --config_file configs/accelerate/zero3_plugin.yaml build/examples/train_lm/train_lm
 //   tools/tessera-launch --nproc-per-node 2 build/examples/train_lm/train_lm --config examples/train_lm/train_lm.toml \
 //       --model-config configs/models/tiny-qwen3 --save-dir out/tiny-qwen3
 //   tools/tessera-launch --nproc-per-node 2 build/examples/train_lm/train_lm --config examples/train_lm/train_lm.toml \
@@ -34,14 +35,16 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "actors/engine/engine.h"
-#include "core/config/load.h"
+#include "core/config/launch_config.h"
 #include "core/data/byte_corpus.h"
 #include "core/error.h"
 #include "core/nn/decoder.h"
 #include "core/nn/tiny_gpt.h"
+#include "core/zero/partitioned_construction.h"
 #include "examples/example_main.h"
 #include "transport/launch_env.h"
 
@@ -85,7 +88,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> corpus_paths = tessera::data::ByteCorpus::default_paths();
   tessera::nn::GptConfig model_config;
   model_config.d_model = 192, model_config.n_layer = 6, model_config.n_head = 6, model_config.context = 64;
-  app.add_option("--config", config_path, "tessera TOML or DeepSpeed JSON configuration")->required()->check(CLI::ExistingFile);
+  app.add_option("--config", config_path, "tessera TOML or DeepSpeed JSON configuration (default: the launcher's, "
+                 "from tessera-launch --config_file accelerate.yaml)")->check(CLI::ExistingFile);
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--micro-batch", micro_batch, "sequences per rank per micro-step (fills \"auto\")")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "learning rate (fills \"auto\")");
@@ -139,12 +143,20 @@ int main(int argc, char** argv) {
     tessera::data::ByteCorpus corpus(corpus_paths);
     if (hf_config.empty() && !(init_weights.empty() && save_dir.empty()))
       throw tessera::ConfigError("--init-weights and --save-dir need --model-config");
+    auto config = tessera::config::program_config(config_path);
+    // zero3_init_flag (tessera-launch --config_file): at stage 3 the model is built partitioned
+    // (not when --init-weights loads it: the loader writes whole tensors).
+    const auto launched = tessera::config::launch_config_from_env();
+    const int stage = config.zero_optimization.stage.is_auto ? zero_stage : int(config.zero_optimization.stage.value);
+    std::optional<tessera::zero::PartitionedConstruction> partitioned;
+    if (launched && launched->zero3_init && stage == 3 && init_weights.empty()) partitioned.emplace();
     const LanguageModel model = hf_config.empty() ? LanguageModel(model_config) : LanguageModel(hf_config, init_weights, model_config.context);
-    auto config = tessera::config::load_config(config_path);
+    const bool built_partitioned = partitioned.has_value();
+    partitioned.reset();
     // --zero-stage fills "auto" only; a config that fixes another stage would silently win.
     const auto& stage_key = config.zero_optimization.stage;
     if (app.count("--zero-stage") && !stage_key.is_auto && stage_key.value != zero_stage)
-      throw tessera::ConfigError(config_path + ": zero_optimization.stage = " + std::to_string(stage_key.value) +
+      throw tessera::ConfigError(config.source + ": zero_optimization.stage = " + std::to_string(stage_key.value) +
                                  " but --zero-stage " + std::to_string(zero_stage) +
                                  ": --zero-stage only fills stage = \"auto\" (examples/train_lm/train_lm.toml has "
                                  "it); drop one of the two");
@@ -204,7 +216,7 @@ int main(int argc, char** argv) {
     };
     const auto& resolved = engine->config();
     if (resolved.fp16.enabled.value)
-      throw tessera::Error(config_path +
+      throw tessera::Error(config.source +
                            ": fp16.enabled: this model runs on the CPU, where LibTorch has no fp16 kernels "
                            "(LayerNorm, matmul); use bf16 (--mixed-precision bf16 with \"auto\") or fp32");
     const int64_t micro = resolved.train_micro_batch_size_per_gpu.value;
@@ -221,6 +233,8 @@ int main(int argc, char** argv) {
                   static_cast<long long>(resolved.zero_optimization.stage.value), static_cast<long long>(micro),
                   static_cast<long long>(accumulation),
                   resolved.bf16.enabled.value ? "bf16" : resolved.fp16.enabled.value ? "fp16" : "fp32");
+      if (launched && config_path.empty()) std::printf("train_lm: config from %s%s\n", launched->origin.c_str(),
+                                built_partitioned ? "; model built partitioned (zero3_init_flag)" : "");
       if (!csv_path.empty()) {
         csv.open(csv_path, first_step > 0 ? std::ios::app : std::ios::trunc);  // a resumed run continues its curve
         if (first_step == 0) csv << "step,loss,lr,loss_scale,tokens_per_second,elapsed_s\n";

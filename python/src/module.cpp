@@ -16,6 +16,7 @@
 
 #include "actors/engine/engine.h"
 #include "actors/rollout/weight_sync.h"
+#include "core/config/launch_config.h"
 #include "core/config/load.h"
 #include "core/affine/serialize.h"
 #include "core/error.h"
@@ -67,8 +68,11 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
                                      std::optional<ClientKind> client_kind,
                                      const std::vector<std::pair<std::vector<std::string>, std::map<std::string, double>>>& client_groups,
                                      py::object client_step) {
-  auto config = config_is_path ? config::load_config(config_text)
-                               : config::load_config_text(config_text, config::Format::json, "the config dict");
+  // A config of the script's own beside tessera-launch --config_file's: the Accelerate file's variables
+  // fill its "auto" values and must agree with the rest (core/config/launch_config.h).
+  auto config = config::reconcile_with_launch(config_is_path ? config::load_config(config_text)
+                                                             : config::load_config_text(config_text, config::Format::json,
+                                                                                        "the config dict"));
   InitializeOptions options;
   for (size_t g = 0; g < group_names.size(); ++g) {
     ParamGroup group;
@@ -289,6 +293,14 @@ PYBIND11_MODULE(_tessera, m) {
                                 : config::load_config_text(text, config::Format::json, "the config dict");
     return config.zero_optimization.leaf_module.classes;
   });
+  // The launcher's config (tessera-launch --config_file) as (JSON text, origin), None without one.
+  m.def("launch_config", []() -> std::optional<std::pair<std::string, std::string>> {
+    const auto text = env_string("TESSERA_LAUNCH_CONFIG_JSON", "");
+    if (text.empty()) return std::nullopt;
+    return std::make_pair(text, env_string("TESSERA_LAUNCH_CONFIG_ORIGIN", "TESSERA_LAUNCH_CONFIG_JSON"));
+  });
+  // zero3_init_flag of the launcher's Accelerate file.
+  m.def("launch_zero3_init", [] { return env_string("TESSERA_ZERO3_INIT", "0") == "1"; });
   // tessera.zero.Init: cuts a parameter at construction (rank's chunk kept, the whole freed).
   m.def("partition_parameter", &zero::partition_parameter, py::arg("parameter"), py::arg("world"), py::arg("rank"));
   m.def("is_partitioned", [](const at::Tensor& p) { return zero::constructed_chunk(p).has_value(); });

@@ -64,7 +64,12 @@ def _config(args, config, config_params):
     if config is None and args is not None:
         config = getattr(args, "deepspeed_config", None)
     if config is None:
-        raise _tessera.ConfigError("initialize: no config (pass config= a dict or the path of a JSON/TOML file)")
+        launched = _tessera.launch_config()  # tessera-launch --config_file's, when the script gives none
+        if launched is not None:
+            return launched[0], False
+    if config is None:
+        raise _tessera.ConfigError("initialize: no config (pass config= a dict or the path of a JSON/TOML file, "
+                                   "or start the script with tessera-launch --config_file accelerate.yaml)")
     if isinstance(config, (str, os.PathLike)):
         return os.fspath(config), True
     if isinstance(config, dict):

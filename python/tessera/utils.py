@@ -88,3 +88,14 @@ def leaf_module_names(model, config_classes=()):
     defaults = list(_tessera.default_z3_leaf_classes()) + list(config_classes)
     return [name for name, m in model.named_modules()
             if name and (z3_leaf_module(m) or any(_tessera.z3_class_matches(c, _class_name(m)) for c in defaults))]
+
+
+def launch_config():
+    """The DeepSpeed config tessera-launch --config_file handed this process (Accelerate's plugin or its
+    deepspeed_config_file, as a dict), or None. A script fills its "auto" values (the batch sizes, as
+    Accelerate's prepare() and the HF Trainer do) and passes it as initialize(config=...); initialize without
+    config= takes it as it is."""
+    import json
+
+    launched = _tessera.launch_config()
+    return None if launched is None else json.loads(launched[0])

@@ -45,6 +45,13 @@ def _all_subclasses(cls):
     return out
 
 
+def init_flag():
+    """zero3_init_flag of the Accelerate file tessera-launch --config_file read (False without one): a script
+    builds its model inside `tessera.zero.Init(enabled=tessera.zero.init_flag())`, as Accelerate's users do
+    through accelerator.state.deepspeed_plugin.zero3_init_flag."""
+    return _tessera.launch_zero3_init()
+
+
 class Init:
     """Partitioned construction over the launched ranks (DeepSpeed's zero.Init). `module=` cuts an already built
     module's parameters now. remote_device other than None/"cpu" (offload) and a dtype other than fp32 are refused."""

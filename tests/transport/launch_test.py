@@ -15,7 +15,7 @@ LAUNCH = os.environ.get("TESSERA_LAUNCH",
 def launch(args, timeout=60, env=None, **kw):
     e = dict(os.environ)
     for k in list(e):
-        if k.startswith(("SLURM_", "OMPI_")):
+        if k.startswith(("SLURM_", "OMPI_", "PMI_", "MV2_", "MPI_LOCAL", "TESSERA_LAUNCH_")):
             del e[k]
     e.update(env or {})
     return subprocess.run([sys.executable, LAUNCH] + args, capture_output=True, text=True, timeout=timeout, env=e, **kw)

@@ -9,7 +9,8 @@ class App;
 namespace tessera::cli {
 
 void add_doctor_command(CLI::App& app);   // tessera doctor
-void add_config_commands(CLI::App& app);  // tessera config check|convert
+void add_config_commands(CLI::App& app);  // tessera config check|convert|new
+void add_config_new_command(CLI::App& config);  // tessera config new (on the `config` subcommand)
 void add_affine_commands(CLI::App& app);  // tessera affine plan|check
 void add_checkpoint_commands(CLI::App& app);  // tessera checkpoint inspect|verify|consolidate
 

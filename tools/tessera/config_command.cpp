@@ -124,7 +124,7 @@ void run_convert(const ConvertArgs& a) {
 }  // namespace
 
 void add_config_commands(CLI::App& app) {
-  CLI::App* config = app.add_subcommand("config", "Validate and convert tessera TOML / DeepSpeed JSON configurations");
+  CLI::App* config = app.add_subcommand("config", "Validate, convert and write tessera TOML / DeepSpeed JSON configurations");
   config->require_subcommand(1);
 
   auto check_args = std::make_shared<CheckArgs>();
@@ -168,6 +168,7 @@ void add_config_commands(CLI::App& app) {
   convert->add_flag("--include-defaults", convert_args->include_defaults,
                     "Also write the values that are DeepSpeed's defaults (by default only what differs or was written)");
   convert->callback([convert_args] { run_convert(*convert_args); });
+  add_config_new_command(*config);
 }
 
 }  // namespace tessera::cli
