@@ -227,6 +227,21 @@ class Launch(unittest.TestCase):
             self.assertIn("mpirun -n 4 --host node1:2,node3:2", cmd)
             self.assertIn("-x TESSERA_LAUNCH_CONFIG_JSON", cmd)
 
+    def test_moe_layer_classes_become_leaf_modules(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = write(d, "acc.yaml", BASE + "deepspeed_config:\n  zero_stage: 3\n"
+                         "  deepspeed_moe_layer_cls_names: MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock\n")
+            config, _, _, _ = dry(path)
+            self.assertEqual(config["zero_optimization"]["leaf_module"],
+                             {"classes": ["MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock"]})
+            engine_loads(self, config)
+            # With a DeepSpeed file, the classes join those the file names.
+            ds = write(d, "ds.json", json.dumps({"zero_optimization": {"stage": 3, "leaf_module": {"classes": ["A"]}}}))
+            path = write(d, "file.yaml", BASE + f"deepspeed_config:\n  deepspeed_config_file: {ds}\n"
+                         "  deepspeed_moe_layer_cls_names: B,A\n")
+            config, _, _, _ = dry(path)
+            self.assertEqual(config["zero_optimization"]["leaf_module"], {"classes": ["A", "B"]})
+
     def test_the_ranks_get_the_config(self):
         r = launch(["--config_file", seed("plugin_zero3_offload.yaml"), "--", sys.executable, "-c",
                     "import os; print(os.environ['TESSERA_LAUNCH_CONFIG_JSON'], os.environ['TESSERA_ZERO3_INIT'], "

@@ -4,8 +4,8 @@
 DryRuns: the commands of openmpi, mpich, mvapich and slurm, with the store's secret never printed.
 MpiEnv: each MPI flavour's rank variables, mapped to torchrun's. TwoNodes: real two-"node" jobs on
 this machine (standard and nossh: one launcher per node), running the collectives test's "every
-collective on the whole job" over Gloo; with root and `ip`, the nossh job again across two network
-namespaces joined by a veth pair, each node seeing only its own address. Needs TESSERA_COLLECTIVES_TEST.
+collective on the whole job" over Gloo; with root and `ip`, the nossh and standard jobs again across two
+network namespaces joined by a veth pair, each node seeing only its own address. Needs TESSERA_COLLECTIVES_TEST.
 """
 import os
 import shutil
@@ -209,7 +209,7 @@ class TwoNodes(unittest.TestCase):
             finish(self, procs)
 
     @unittest.skipUnless(os.geteuid() == 0 and shutil.which("ip"), "needs root and ip(8) for network namespaces")
-    def test_nossh_across_network_namespaces(self):
+    def test_nossh_and_standard_across_network_namespaces(self):
         tag = f"ts{os.getpid() % 100000}"
         ns = [f"{tag}a", f"{tag}b"]
         addrs = ["10.231.7.1", "10.231.7.2"]
@@ -236,6 +236,11 @@ class TwoNodes(unittest.TestCase):
                                prefix=["ip", "netns", "exec", ns[i]]) for i in range(2)]
                 outs = finish(self, procs)
                 self.assertIn("[rank1]", outs[1])
+            # standard (torchrun's way) across the same two namespaces, rank 0's address given to both.
+            procs = [start(["--launcher", "standard", "--nnodes", "2", "--node-rank", str(i), "--master-addr", addrs[0],
+                            "--master-port", "29667", "--job", "two_nodes_netns_standard", "--", COLLECTIVES] + TEST_ARGS,
+                           prefix=["ip", "netns", "exec", ns[i]]) for i in range(2)]
+            finish(self, procs)
         finally:
             for n in ns:
                 subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
