@@ -16,6 +16,7 @@ packages=(
   libbenchmark-dev                                # bench harness
   python3-torch                                   # the decoder logits oracle; the Python binding's torch
   python3-dev pybind11-dev                        # the Python binding (python/)
+  openmpi-bin mpich                               # real mpirun launches (tests/transport/launchers_test.py)
   iproute2                                        # ip netns: the two-node sync test (tests/rollout/two_node_sync.py)
   python3-yaml                                    # Accelerate config files (tessera-launch --config_file)
   python3-matplotlib                              # the GRPO example's plot (examples/grpo/plot_grpo.py); optional at run time

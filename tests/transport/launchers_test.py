@@ -2,7 +2,8 @@
 """tessera-launch's multi-node launchers (python3 launchers_test.py [Class]).
 
 DryRuns: the commands of openmpi, mpich, mvapich and slurm, with the store's secret never printed.
-MpiEnv: each MPI flavour's rank variables, mapped to torchrun's. TwoNodes: real two-"node" jobs on
+MpiEnv: each MPI flavour's rank variables, mapped to torchrun's. MpiRuns: real mpirun launches with
+Debian's OpenMPI and MPICH. TwoNodes: real two-"node" jobs on
 this machine (standard and nossh: one launcher per node), running the collectives test's "every
 collective on the whole job" over Gloo; with root and `ip`, the nossh and standard jobs again across two
 network namespaces joined by a veth pair, each node seeing only its own address. Needs TESSERA_COLLECTIVES_TEST.
@@ -244,6 +245,50 @@ class TwoNodes(unittest.TestCase):
         finally:
             for n in ns:
                 subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
+
+
+def mpirun_dir(d, flavour):
+    """A folder whose `mpirun` is that flavour's (Debian installs both as mpirun.openmpi / mpirun.mpich, one of
+    them behind the mpirun alternative); a script, not a link, so Hydra finds its proxy beside its own binary."""
+    target = shutil.which(f"mpirun.{flavour}")
+    if target is None:
+        return None
+    folder = os.path.join(d, flavour)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "mpirun"), "w") as f:
+        f.write(f"#!/bin/sh\nexec {target} \"$@\"\n")
+    os.chmod(os.path.join(folder, "mpirun"), 0o755)
+    return folder
+
+
+@unittest.skipUnless(COLLECTIVES, "TESSERA_COLLECTIVES_TEST is not set")
+class MpiRuns(unittest.TestCase):
+    """Real mpirun launches (Debian's openmpi-bin and mpich, tools/install-deps.sh): two ranks on this host run
+    the collectives test, each rank's variables mapped from its MPI's."""
+
+    def run_flavour(self, flavour, port):
+        with tempfile.TemporaryDirectory() as d:
+            folder = mpirun_dir(d, flavour)
+            if folder is None:
+                self.skipTest(f"mpirun.{flavour} is not installed (tools/install-deps.sh installs it)")
+            hostfile = os.path.join(d, "hostfile")
+            with open(hostfile, "w") as f:
+                f.write("localhost slots=2\n")
+            env = env_without_launchers({"PATH": folder + os.pathsep + os.environ["PATH"],
+                                         # OpenMPI refuses root without these (CI runs as root).
+                                         "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+            r = subprocess.run([sys.executable, LAUNCH, "--hostfile", hostfile, "--launcher", flavour, "--master-port",
+                                str(port), "--job", f"mpirun_{flavour}", "--", COLLECTIVES] + TEST_ARGS,
+                               capture_output=True, text=True, timeout=240, env=env)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+            self.assertEqual(r.stdout.count("All tests passed"), 2, r.stdout[-3000:])
+            self.assertNotIn(SECRET, r.stdout + r.stderr)
+
+    def test_openmpi(self):
+        self.run_flavour("openmpi", 29671)
+
+    def test_mpich(self):
+        self.run_flavour("mpich", 29673)
 
 
 if __name__ == "__main__":
