@@ -227,6 +227,19 @@ class Launch(unittest.TestCase):
             self.assertIn("mpirun -n 4 --host node1:2,node3:2", cmd)
             self.assertIn("-x TESSERA_LAUNCH_CONFIG_JSON", cmd)
 
+    def test_yaml_spellings_gpu_ids_and_dynamo(self):
+        with tempfile.TemporaryDirectory() as d:
+            # An unquoted `no` is YAML 1.1's false: still Accelerate's "no" precision.
+            path = write(d, "acc.yaml", BASE + "mixed_precision: no\ngpu_ids: 2,3\ndynamo_backend: INDUCTOR\n")
+            r = launch(["--config_file", path, "--", sys.executable, "-c",
+                        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(sorted(r.stdout.split()), ["2,3", "2,3", "[rank0]:", "[rank1]:"])
+            self.assertIn("dynamo_backend INDUCTOR: tessera does not compile the model; not used", r.stderr)
+            config, _, _, _ = dry(path)
+            self.assertNotIn("fp16", config)
+            self.assertNotIn("bf16", config)
+
     def test_moe_layer_classes_become_leaf_modules(self):
         with tempfile.TemporaryDirectory() as d:
             path = write(d, "acc.yaml", BASE + "deepspeed_config:\n  zero_stage: 3\n"

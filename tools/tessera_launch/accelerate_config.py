@@ -28,12 +28,14 @@ PLUGIN_KEYS = set(IGNORED_WITH_CONFIG_FILE) | set(NVME_PATHS) | {
     "zero3_init_flag", "deepspeed_moe_layer_cls_names", "deepspeed_hostfile", "deepspeed_inclusion_filter",
     "deepspeed_exclusion_filter", "deepspeed_multinode_launcher", "deepspeed_config_file"}
 # Top-level keys of Accelerate's file that decide nothing here (other back ends, tools, TPUs, notes).
-INERT_KEYS = {"main_training_function", "use_cpu", "command_file", "commands", "downcast_bf16", "gpu_ids",
+INERT_KEYS = {"main_training_function", "use_cpu", "command_file", "commands", "downcast_bf16",
               "megatron_lm_config", "rdzv_backend", "same_network", "tpu_name", "tpu_zone", "tpu_env",
               "tpu_use_cluster", "tpu_use_sudo", "debug", "enable_cpu_affinity", "ipex_config", "mpirun_config",
-              "fsdp_config", "dynamo_config", "dynamo_backend", "compute_environment", "tpu_vm"}
+              "dynamo_config", "tpu_vm"}
+# The keys read (compute_environment, fsdp_config and dynamo_backend only to refuse or note what they ask).
 LAUNCH_KEYS = {"distributed_type", "deepspeed_config", "mixed_precision", "num_processes", "num_machines",
-               "machine_rank", "main_process_ip", "main_process_port"}
+               "machine_rank", "main_process_ip", "main_process_port", "gpu_ids", "compute_environment",
+               "fsdp_config", "dynamo_backend"}
 MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "slurm", "nossh")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 PRECISIONS = ("no", "fp16", "bf16")
@@ -57,16 +59,20 @@ class AccelerateLaunch:
     include: str = ""
     exclude: str = ""
     launcher: str = None
+    visible_devices: str = None    # gpu_ids other than "all": CUDA_VISIBLE_DEVICES
     notes: list = field(default_factory=list)
 
     def environment(self):
         """The variables that carry the config to every rank (CONFIG_VARS)."""
-        return {
+        env = {
             "TESSERA_LAUNCH_CONFIG_JSON": json.dumps(self.deepspeed_config, separators=(",", ":")),
             "TESSERA_LAUNCH_CONFIG_ORIGIN": self.origin,
             "TESSERA_LAUNCH_DS_FIELDS": ",".join(self.plugin_fields),
             "TESSERA_ZERO3_INIT": "1" if self.zero3_init else "0",
         }
+        if self.visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
+        return env
 
 
 class _Reader:
@@ -229,6 +235,8 @@ def read_accelerate_config(path):
     unknown = sorted(k for k in plugin if k not in PLUGIN_KEYS)
     if unknown:
         die(f"{path}: deepspeed_config: unknown keys {', '.join(unknown)} (known: {', '.join(sorted(PLUGIN_KEYS))})")
+    if data.get("mixed_precision") is False:  # YAML 1.1 reads an unquoted `no` as false
+        data["mixed_precision"] = "no"
     precision = r.choice(data, "mixed_precision", "", PRECISIONS, None) if "mixed_precision" in data else None
     if "mixed_precision" in data and precision is None:
         precision = "no"
@@ -236,6 +244,9 @@ def read_accelerate_config(path):
     zero3_init = r.boolean(plugin, "zero3_init_flag", p) if "zero3_init_flag" in plugin else False
     config_file = r.text(plugin, "deepspeed_config_file", p)
     notes = []
+    dynamo = str(data.get("dynamo_backend") or "NO")
+    if dynamo.upper() != "NO":
+        notes.append(f"{path}: dynamo_backend {dynamo}: tessera does not compile the model; not used")
     if config_file is not None:
         _refuse_ignored(r, plugin, config_file)
         config = _file_config(r, config_file, precision)
@@ -266,6 +277,12 @@ def read_accelerate_config(path):
             f"num_machines {launch.num_machines}")
     launch.main_process_ip = r.text(data, "main_process_ip", "")
     launch.main_process_port = r.integer(data, "main_process_port", "", 1, 65534, default=None)
+    gpu_ids = data.get("gpu_ids")
+    if gpu_ids is not None and str(gpu_ids).lower() != "all":
+        ids = [i.strip() for i in str(gpu_ids).split(",") if i.strip()]
+        if not ids or not all(i.isdigit() for i in ids):
+            r.fail("gpu_ids", "all, or device indices separated by commas", gpu_ids)
+        launch.visible_devices = ",".join(ids)
     launch.hostfile = r.text(plugin, "deepspeed_hostfile", p)
     launch.include = r.text(plugin, "deepspeed_inclusion_filter", p) or ""
     launch.exclude = r.text(plugin, "deepspeed_exclusion_filter", p) or ""
