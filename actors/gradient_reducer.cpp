@@ -11,6 +11,7 @@
 #include <map>
 
 #include "actors/actor_runtime.h"
+#include "actors/parked_reply.h"
 #include "core/elapsed.h"
 #include "core/error.h"
 
@@ -46,6 +47,7 @@ struct ReducerState {
   std::deque<Issued> issued;        // in issue order, not finished yet
   std::exception_ptr error;         // the first failure since the last finish/zero
   bool polling = false;
+  zero::ParkedStorages parked;      // offload_states: the gradient buffers in host memory
 
   const zero::ShardingPlan& plan() const { return *spec->plan; }
   zero::GradientMode mode() const { return plan().gradient_mode(); }
@@ -298,7 +300,15 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
     self->delayed_send(self, std::chrono::milliseconds(1), poll_atom::value);
   };
   return {
-      [=](begin_atom) { self->state.start(); },
+      [=](begin_atom) {
+        auto& s = self->state;
+        try {
+          require_unparked(s.parked, "backward");
+          s.start();
+        } catch (...) {
+          s.fail(std::current_exception());
+        }
+      },
       [=](ready_atom, int64_t param) {
         auto& s = self->state;
         if (s.active && param >= 0 && size_t(param) < s.seen.size() && !s.seen[size_t(param)]) {
@@ -380,6 +390,22 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
       [=](memory_atom) -> ReducerMemory {
         return {self->state.memory(), bytes(self->state.norm_scratch)};
       },
+      [=](park_atom, const ParkRequest& request) -> Parked {
+        return parked_reply([&] {
+          auto& s = self->state;
+          if (!request.asks(StateKind::gradients)) return int64_t(0);
+          if (!s.issued.empty()) throw Error("offload_states: a backward's gradient reductions are still running");
+          std::vector<at::Tensor> buffers;
+          for (size_t g = 0; g < s.flat.size(); ++g) {
+            if (s.flat[g]) buffers.push_back(s.flat[g]->buffer());
+            for (const auto* t : {&s.accum[g], &s.mirror[g], &s.reduced[g], &s.fp32[g]}) buffers.push_back(*t);
+          }
+          if (s.staged())
+            for (const auto& p : s.parameters) buffers.push_back(p.grad());  // deferred or no_sync-accumulated
+          return s.parked.park(buffers, request.host);
+        });
+      },
+      [=](unpark_atom) -> Parked { return parked_reply([&] { return self->state.parked.unpark(); }); },
   };
 }
 

@@ -8,6 +8,7 @@
 #include "actors/actor_runtime.h"
 #include "actors/ask.h"
 #include "actors/offload.h"
+#include "actors/parked_reply.h"
 #include "core/elapsed.h"
 #include "core/optim/state_store.h"
 
@@ -26,6 +27,7 @@ struct OptimizerShardState {
   offload_actor offload;  // optimizer offload only: the host staging
   int64_t staging_slots = 0;
   int64_t staging_bytes = 0;
+  zero::ParkedStorages parked;  // offload_states: masters and states moved to host memory
 
   // Every collective behind a request has its own timeout; this bound only guards against a lost actor.
   std::chrono::milliseconds bound() const { return 3 * spec->timeout + std::chrono::seconds(10); }
@@ -168,6 +170,7 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
   return {
       [=](step_atom, const StepRequest& request) -> StepReport {
         try {
+          require_unparked(self->state.parked, "step");
           return self->state.step(request);
         } catch (...) {
           StepReport report;
@@ -210,6 +213,20 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
         self->state.updates = counters.updates;
         return Done{};
       },
+      [=](park_atom, const ParkRequest& request) -> Parked {
+        return parked_reply([&] {
+          auto& s = self->state;
+          if (s.offload) return int64_t(0);  // optimizer offload: masters and states live in host memory already
+          std::vector<at::Tensor> buffers;
+          for (size_t g = 0; g < s.kernels.size(); ++g) {
+            if (request.asks(StateKind::master_weights)) buffers.push_back(s.store->partition_master(int64_t(g)));
+            if (request.asks(StateKind::optimizer_states))
+              for (const auto& t : s.store->partition_states(int64_t(g))) buffers.push_back(t);
+          }
+          return s.parked.park(buffers, request.host);
+        });
+      },
+      [=](unpark_atom) -> Parked { return parked_reply([&] { return self->state.parked.unpark(); }); },
   };
 }
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "actors/actor_runtime.h"
+#include "actors/parked_reply.h"
 
 namespace tessera::actors {
 namespace {
@@ -11,6 +12,7 @@ struct ParameterShardState {
   std::shared_ptr<const EngineSpec> spec;
   std::vector<std::unique_ptr<zero::FlatParameters>> flat;
   std::shared_ptr<transport::Communicator> comm;
+  zero::ParkedStorages parked;  // offload_states: the flat buffers in host memory
 };
 
 parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stateful_pointer<ParameterShardState> self,
@@ -32,6 +34,7 @@ parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stat
         Done done;
         auto& st = self->state;
         try {
+          require_unparked(st.parked, "the parameters' all-gather");
           if (st.spec->plan->stage() >= 1 && st.comm) {
             // Issued for every group first, then waited for: the gathers queue on the
             // communicator's thread back to back. In place: each rank's partition is already
@@ -54,6 +57,15 @@ parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stat
       [=](release_atom, const ReleaseRequest&) {},
       [=](window_atom, WindowEdge) {},
       [=](writeback_atom, const WritebackRequest&) -> Done { return Done{}; },  // every rank holds everything
+      [=](park_atom, const ParkRequest& request) -> Parked {
+        return parked_reply([&] {
+          if (!request.asks(StateKind::parameters)) return int64_t(0);
+          std::vector<at::Tensor> buffers;
+          for (const auto& f : self->state.flat) buffers.push_back(f->buffer());
+          return self->state.parked.park(buffers, request.host);
+        });
+      },
+      [=](unpark_atom) -> Parked { return parked_reply([&] { return self->state.parked.unpark(); }); },
   };
 }
 

@@ -55,13 +55,16 @@
 #include <ATen/core/Tensor.h>
 #include <caf/all.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
 
+#include "actors/offload_state.h"
 #include "core/optim/optimizer_kernel.h"
+#include "core/zero/parked_storage.h"
 
 namespace tessera::actors {
 
@@ -89,6 +92,8 @@ using window_atom = caf::atom_constant<caf::atom("window")>;
 using restore_atom = caf::atom_constant<caf::atom("restore")>;
 using to_host_atom = caf::atom_constant<caf::atom("to_host")>;
 using to_device_atom = caf::atom_constant<caf::atom("to_device")>;
+using park_atom = caf::atom_constant<caf::atom("park")>;
+using unpark_atom = caf::atom_constant<caf::atom("unpark")>;
 
 // ZeRO-3: why a unit is fetched (fetch above). The order indexes Stage3Counters::by_kind.
 enum class FetchKind : uint8_t {
@@ -279,18 +284,36 @@ struct ReducerMemory {
   int64_t scratch = 0;
 };
 
+// offload_states/reload_states: which of its buffers each actor moves to host memory (ParkRequest,
+// ignoring the kinds it does not own) and brings back (unpark_atom): the parameter-shard the
+// parameters, the gradient-reducer the gradients, the optimizer-shard the masters and states.
+using StateKind = OffloadState;
+
+struct ParkRequest {
+  std::vector<StateKind> kinds;
+  zero::HostMemory host = zero::HostMemory::pageable;
+  bool asks(StateKind k) const { return std::find(kinds.begin(), kinds.end(), k) != kinds.end(); }
+};
+
+struct Parked {
+  int64_t bytes = 0;  // moved by this request
+  std::exception_ptr error;
+};
+
 using gradient_reducer_actor = caf::typed_actor<
     caf::reacts_to<begin_atom>, caf::reacts_to<ready_atom, int64_t>, caf::reacts_to<bucket_atom, StagedBucket>,
     caf::reacts_to<chunk_atom, StagedChunk>,
     caf::reacts_to<flush_atom>, caf::reacts_to<reclaim_atom>, caf::reacts_to<poll_atom>,
     caf::replies_to<fold_atom>::with<Done>, caf::replies_to<finish_atom, FinishRequest>::with<GradientsReady>,
-    caf::replies_to<zero_atom>::with<Done>, caf::replies_to<memory_atom>::with<ReducerMemory>>;
+    caf::replies_to<zero_atom>::with<Done>, caf::replies_to<memory_atom>::with<ReducerMemory>,
+    caf::replies_to<park_atom, ParkRequest>::with<Parked>, caf::replies_to<unpark_atom>::with<Parked>>;
 
 using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
                      caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, FetchRequest>::with<Done>,
                      caf::reacts_to<release_atom, ReleaseRequest>, caf::reacts_to<window_atom, WindowEdge>,
-                     caf::replies_to<writeback_atom, WritebackRequest>::with<Done>>;
+                     caf::replies_to<writeback_atom, WritebackRequest>::with<Done>,
+                     caf::replies_to<park_atom, ParkRequest>::with<Parked>, caf::replies_to<unpark_atom>::with<Parked>>;
 
 using offload_actor = caf::typed_actor<caf::replies_to<to_host_atom, GradientsToHost>::with<HostGradients>,
                                         caf::replies_to<to_device_atom, WeightsToDevice>::with<Done>>;
@@ -298,7 +321,9 @@ using offload_actor = caf::typed_actor<caf::replies_to<to_host_atom, GradientsTo
 using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<StepReport>,
                                                caf::replies_to<states_atom>::with<OptimizerStates>,
                                                caf::replies_to<refresh_atom, RefreshRequest>::with<Done>,
-                                               caf::replies_to<restore_atom, OptimizerCounters>::with<Done>>;
+                                               caf::replies_to<restore_atom, OptimizerCounters>::with<Done>,
+                                               caf::replies_to<park_atom, ParkRequest>::with<Parked>,
+                                               caf::replies_to<unpark_atom>::with<Parked>>;
 
 }  // namespace tessera::actors
 
@@ -321,3 +346,5 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::RefreshRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::GradientsToHost)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::HostGradients)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WeightsToDevice)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::ParkRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Parked)

@@ -32,6 +32,7 @@
 #include "actors/actor_runtime.h"
 #include "actors/gather_schedule.h"
 #include "actors/parameter_shard.h"
+#include "actors/parked_reply.h"
 #include "core/error.h"
 #include "core/log/log.h"
 
@@ -67,6 +68,7 @@ struct Stage3ShardState {
   std::unique_ptr<GatherSchedule> schedule;  // the record, where the window is, what goes ahead
   bool warned = false;
   Stage3Counters counters;
+  zero::ParkedStorages parked;  // offload_states: the weight buffers (partitions, persistent segments) in host memory
 
   const zero::ShardingPlan& plan() const { return *spec->plan; }
   int64_t numel(int64_t unit) const { return plan().units()[size_t(unit)].gathered_numel; }
@@ -395,6 +397,7 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
       [=](gather_atom) -> Done {
         Done done;
         try {
+          require_unparked(self->state.parked, "the persistent parameters' all-gather");
           self->state.gather_persistent();
         } catch (...) {
           done.error = std::current_exception();
@@ -414,6 +417,7 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
         auto promise = self->make_response_promise<Done>();
         Done done;
         try {
+          require_unparked(st.parked, "a ZeRO-3 gather (forward or backward)");
           st.fetch(request);
         } catch (...) {
           done.error = std::current_exception();
@@ -425,6 +429,7 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
       [=](writeback_atom, const WritebackRequest& request) -> Done {
         Done done;
         try {
+          require_unparked(self->state.parked, "a gathered-parameters write-back");
           self->state.writeback(request);
         } catch (...) {
           done.error = std::current_exception();
@@ -441,6 +446,20 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
         }
       },
       [=](window_atom, WindowEdge edge) { self->state.window(edge == WindowEdge::begin); },
+      [=](park_atom, const ParkRequest& request) -> Parked {
+        return parked_reply([&] {
+          auto& st = self->state;
+          if (!request.asks(StateKind::parameters)) return int64_t(0);
+          if (!st.inflight.empty()) throw Error("offload_states: ZeRO-3 gathers are still in flight");
+          for (size_t u = 0; u < st.plan().units().size(); ++u) st.release(int64_t(u));
+          if (st.params->gathered_bytes() != 0)
+            throw Error("offload_states: a ZeRO-3 unit is still gathered (call it outside gathered_parameters())");
+          std::vector<at::Tensor> buffers;
+          for (size_t g = 0; g < st.plan().groups().size(); ++g) buffers.push_back(st.params->weight_buffer(int64_t(g)));
+          return st.parked.park(buffers, request.host);
+        });
+      },
+      [=](unpark_atom) -> Parked { return parked_reply([&] { return self->state.parked.unpark(); }); },
   };
 }
 

@@ -122,6 +122,7 @@ at::Tensor Engine::scale(const at::Tensor& loss) {
   auto& s = *impl_;
   s.rethrow_pending();
   s.refuse_in_inference("backward");
+  s.require_resident("backward");
   if (!s.gradients_attached())
     throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
   if (s.micro->arm_backward()) s.start_reduction();
@@ -136,6 +137,7 @@ void Engine::step() {
   auto& s = *impl_;
   s.rethrow_pending();
   s.refuse_in_inference("step");
+  s.require_resident("step");
   if (s.stage3 && s.stage3->pinned())
     throw Error("step: called inside gathered_parameters(); end the scope first (the gathered copies would not see "
                 "the update)");
@@ -168,6 +170,7 @@ void Engine::step() {
 void Engine::zero_grad() {
   auto& s = *impl_;
   s.refuse_in_inference("zero_grad");
+  s.require_resident("zero_grad");
   // The reducer finishes what it issued first (reductions may still be writing the gradients).
   actors::checked(actors::ask<actors::Done>(s.reducer, s.bound(), "zero_grad: the gradient-reducer", actors::zero_atom::value));
   s.micro->zero_grad();

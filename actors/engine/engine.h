@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "actors/engine/param_group.h"
+#include "actors/offload_state.h"
 #include "actors/engine/storage_maps.h"
 #include "core/checkpoint/consolidate.h"
 #include "core/checkpoint/hf_export.h"
@@ -106,9 +107,26 @@ struct EngineMemory {
     int64_t optimizer_states = 0;
     int64_t staging = 0;           // gradient and weight slots between the device and the host, and
                                    // the kernels' workspace
-    int64_t total() const { return master + optimizer_states + staging; }
+    int64_t offloaded = 0;         // moved here by offload_states (and no longer counted above)
+    int64_t total() const { return master + optimizer_states + staging + offloaded; }
   } host;
   int64_t total() const { return parameters + gradients + master + optimizer_states + scratch; }  // the device's
+};
+
+// offload_states: what to move, where (only host memory: "cpu"), and whether the host buffers are
+// pinned (only where the buffers are on a GPU). Copies complete before the call returns whatever
+// non_blocking says (accepted for DeepSpeed's signature).
+struct OffloadStatesOptions {
+  std::vector<OffloadState> include;  // empty: every kind
+  config::OffloadDevice device = config::OffloadDevice::cpu;
+  bool pin_memory = true;
+  bool non_blocking = false;
+};
+
+// Bytes moved per kind by offload_states or reload_states.
+struct OffloadedStates {
+  int64_t parameters = 0, gradients = 0, master_weights = 0, optimizer_states = 0;
+  int64_t total() const { return parameters + gradients + master_weights + optimizer_states; }
 };
 
 // ZeRO-3's gathers since initialize (zeros at stages 0-2).
@@ -323,6 +341,16 @@ class Engine {
   StepTiming last_step_timing() const;
   EngineMemory memory() const;
   Stage3Stats stage3_stats() const;
+  // Colocated RL (DeepSpeed's offload_states/reload_states, between training and generation):
+  // moves what `include` names (every kind when empty) to host memory and frees the device's
+  // copy, or brings it back, bit for bit. While offloaded the buffers have no memory: backward,
+  // step, checkpoints, storage maps and ZeRO-3 gathers raise, and the module's weights (when
+  // parameters are offloaded) must not be read, as a released ZeRO-3 parameter. With optimizer
+  // offload (offload_optimizer.device cpu) masters and states are in host memory already: 0 bytes.
+  // Local to the rank (no collective); call it between steps, outside gathered_parameters().
+  OffloadedStates offload_states(const OffloadStatesOptions& options = {});
+  OffloadedStates reload_states();  // what came back; nothing offloaded: zeros
+  bool states_offloaded() const;
   // Affine maps of the weights, fp32 master and optimizer states over the data-parallel ranks,
   // with this rank's buffers (storage_maps.h). Call between steps.
   EngineStorage storage_maps() const;

@@ -330,6 +330,7 @@ class ImportedDeepSpeed {
 
 CheckpointLoaded Engine::load_checkpoint(const std::string& dir, const CheckpointLoadOptions& options) {
   auto& s = *impl_;
+  s.require_resident("load_checkpoint");
   if (checkpoint::deepspeed::is_deepspeed_checkpoint(dir, options.tag)) {
     s.rethrow_pending();
     wait_for_checkpoint();

@@ -110,6 +110,7 @@ AgreedSave agree_on_partial(transport::Communicator* comm, int rank, const std::
 std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSaveOptions& options) {
   auto& s = *impl_;
   s.rethrow_pending();
+  s.require_resident("save_checkpoint");
   wait_for_checkpoint();
   check_can_save(s, options.client_state);
   const std::string requested = options.tag.empty() ? "global_step" + std::to_string(s.global) : options.tag;

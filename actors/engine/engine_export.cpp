@@ -97,6 +97,7 @@ void remove_leftovers(const std::string& dir, const std::set<std::string>& skip)
 ModelExported Engine::save_16bit_model(const std::string& dir, const Save16BitOptions& options) {
   auto& s = *impl_;
   s.rethrow_pending();
+  s.require_resident("save_16bit_model");
   auto* comm = s.control_comm();
   const int rank = s.spec->rank, world = s.spec->world;
   const auto storage = storage_maps();

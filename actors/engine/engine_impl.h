@@ -73,6 +73,13 @@ struct Engine::Impl {
       throw Error(std::string(what) + ": this is a ZeRO inference engine (initialize without an optimizer): it runs "
                   "forwards only; give the config an `optimizer` section to train");
   }
+  // offload_states: what each kind moved to host memory (all zero: nothing offloaded).
+  OffloadedStates offloaded;
+  bool any_offloaded = false;
+  void require_resident(const char* what) const {
+    if (any_offloaded)
+      throw Error(std::string(what) + ": the engine's states are offloaded (offload_states); call reload_states() first");
+  }
   // A failure found where nothing could raise it (a Scope's destructor), raised by the next call.
   std::exception_ptr pending;
   void rethrow_pending() {

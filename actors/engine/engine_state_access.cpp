@@ -14,6 +14,7 @@ namespace tessera {
 void Engine::for_each_gathered_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f) const {
   auto& s = *impl_;
   s.rethrow_pending();
+  s.require_resident("for_each_gathered_parameter");
   auto params = s.module->named_parameters();
   if (!s.stage3) {
     for (const auto& name : s.names) f(name, params[name].detach());
@@ -52,6 +53,7 @@ void Engine::empty_partition_cache() {
 Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names, int modifier_rank) const {
   auto* s = impl_.get();
   s->rethrow_pending();
+  s->require_resident("gathered_parameters");
   if (modifier_rank >= s->spec->world || modifier_rank < -1)
     throw Error("gathered_parameters: modifier rank " + std::to_string(modifier_rank) + " outside [0, " +
                 std::to_string(s->spec->world) + ")");
@@ -123,7 +125,11 @@ EngineMemory Engine::memory() const {
                                                                     actors::buffers_atom::value));
   for (const auto& b : buffers.tensors) m.parameters += int64_t(b.numel() * b.element_size());
   m.parameters += buffers.gathered_bytes;
-  if (s.inference) return m;
+  if (s.inference) {
+    m.parameters -= s.offloaded.parameters;
+    m.host.offloaded = s.offloaded.total();
+    return m;
+  }
   const auto reducer =
       actors::ask<actors::ReducerMemory>(s.reducer, s.bound(), "memory: the gradient-reducer", actors::memory_atom::value);
   m.gradients = reducer.gradients;
@@ -139,6 +145,11 @@ EngineMemory Engine::memory() const {
     m.optimizer_states = states.state_bytes;
     m.scratch += states.workspace_bytes;
   }
+  // offload_states: the buffers keep their sizes but their memory is on the host.
+  const auto& off = s.offloaded;
+  m.parameters -= off.parameters, m.gradients -= off.gradients;
+  m.master -= off.master_weights, m.optimizer_states -= off.optimizer_states;
+  m.host.offloaded = off.total();
   return m;
 }
 
@@ -163,6 +174,7 @@ Stage3Stats Engine::stage3_stats() const {
 
 EngineStorage Engine::storage_maps() const {
   auto& s = *impl_;
+  s.require_resident("storage_maps");
   const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "storage_maps: the parameter-shard",
                                                                     actors::buffers_atom::value));
   if (s.inference) return actors::describe_storage(*s.spec, buffers, actors::OptimizerStates{});  // weights only

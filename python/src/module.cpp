@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <exception>
+#include <map>
 #include <optional>
 
 #include "actors/engine/engine.h"
@@ -150,6 +151,11 @@ void register_errors(py::module_& m) {
   });
 }
 
+std::map<std::string, int64_t> moved_dict(const OffloadedStates& m) {
+  return {{"parameters", m.parameters}, {"gradients", m.gradients}, {"master_weights", m.master_weights},
+          {"optimizer_states", m.optimizer_states}};
+}
+
 }  // namespace
 }  // namespace tessera::python
 
@@ -220,6 +226,25 @@ PYBIND11_MODULE(_tessera, m) {
         for (const auto& m : storage.maps) maps.emplace_back(m.kind, m.buffer, affine::map_to_json(m.map));
         return std::make_pair(maps, storage.buffers);
       })
+      // offload_states/reload_states: kinds by tessera's names; returns {kind: bytes moved}.
+      .def("offload_states", [](PyEngine& e, const std::vector<std::string>& include, bool pin_memory) {
+        OffloadStatesOptions options;
+        options.pin_memory = pin_memory;
+        for (const auto& name : include) {
+          bool found = false;
+          for (auto k : {OffloadState::parameters, OffloadState::gradients, OffloadState::master_weights,
+                         OffloadState::optimizer_states})
+            if (name == name_of(k)) options.include.push_back(k), found = true;
+          if (!found) throw ConfigError("offload_states: unknown state '" + name + "'");
+        }
+        py::gil_scoped_release release;
+        return moved_dict(e.engine->offload_states(options));
+      })
+      .def("reload_states", [](PyEngine& e) {
+        py::gil_scoped_release release;
+        return moved_dict(e.engine->reload_states());
+      })
+      .def("states_offloaded", [](PyEngine& e) { return e.engine->states_offloaded(); })
       .def("is_gradient_accumulation_boundary", [](PyEngine& e) { return e.engine->is_gradient_accumulation_boundary(); })
       .def("get_lr", [](PyEngine& e) { return e.engine->get_lrs(); })
       .def("get_last_lr", [](PyEngine& e) { return e.engine->last_lrs(); })

@@ -199,6 +199,33 @@ class TesseraEngine:
         self._engine.save_16bit_model(os.fspath(save_dir), exclude_frozen_parameters, limit)
         return True
 
+    # DeepSpeed's OffloadStateTypeEnum names (and tessera's own) for offload_states(include=...).
+    _STATE_NAMES = {"optim_states": "optimizer_states", "hp_params": "master_weights", "lp_params": "parameters",
+                    "lp_grads": "gradients", "contiguous_grad_buffer": "gradients", "optimizer_states": "optimizer_states",
+                    "master_weights": "master_weights", "parameters": "parameters", "gradients": "gradients"}
+
+    def offload_states(self, include=None, device="cpu", pin_memory=True, non_blocking=False):
+        """DeepSpeed's offload_states (colocated RL, between training and generation): moves the named states
+        (DeepSpeed's OffloadStateTypeEnum members or names: optim_states, hp_params, lp_params, lp_grads,
+        contiguous_grad_buffer; every state when None) to host memory and frees the device's copy. The module's
+        weights have no memory meanwhile (lp_params): run nothing through it until reload_states(). Only device
+        "cpu"; the copies are done when it returns whatever non_blocking says. Returns {state: bytes moved}."""
+        if str(getattr(device, "value", device)) != "cpu":
+            raise _tessera.ConfigError(f"offload_states: device {device!r}: only 'cpu' (host memory) is supported")
+        names = []
+        for item in include or []:
+            key = str(getattr(item, "value", getattr(item, "name", item)))
+            if key not in self._STATE_NAMES:
+                raise _tessera.ConfigError(f"offload_states: unknown state {item!r} (one of "
+                                           f"{', '.join(sorted(self._STATE_NAMES))})")
+            if self._STATE_NAMES[key] not in names:
+                names.append(self._STATE_NAMES[key])
+        return self._engine.offload_states(names, bool(pin_memory))
+
+    def reload_states(self, non_blocking=False):
+        """Brings back what offload_states moved, bit for bit; returns {state: bytes moved}."""
+        return self._engine.reload_states()
+
     def empty_partition_cache(self):
         """ZeRO-3: releases every gathered unit not held by a gathered-parameters scope. Stages 0-2: nothing."""
         self._engine.empty_partition_cache()
