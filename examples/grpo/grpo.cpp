@@ -72,6 +72,7 @@ struct Args {
   uint64_t seed = 1;
   std::string rollout_dtype = "fp32", sync_mode = "in_place";
   std::string offload = "none";  // --offload: the training job's optimizer in host memory (cpu)
+  bool offload_states = false;   // --offload-states: the training job's states on the host while the rollout generates
   bool delta = false;
   std::string config;  // --config: a tessera config file; only its [tessera.rollout] is read (the sync's)
   std::string checkpoint_dir;  // grpo_checkpoint.h
@@ -337,6 +338,12 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
     std::vector<std::vector<float>> rollout_lp;
     decode_samples(shared->get_string(key + "samples", std::chrono::minutes(5)), tokens, rollout_lp);
     if (int(tokens.size()) != sequences) throw tessera::Error("grpo: the rollout job sent " + std::to_string(tokens.size()) + " samples");
+    double reload_ms = 0;
+    if (engine->states_offloaded()) {  // --offload-states: back from the host now that the samples are here
+      const auto t = Clock::now();
+      engine->reload_states();
+      reload_ms = ms_since(t);
+    }
 
     // Rewards and group-normalised advantages (every rank computes all; cheap).
     std::vector<double> rewards(static_cast<size_t>(sequences) + 0), advantages(rewards.size());
@@ -481,6 +488,15 @@ int run_train(const Args& a, const tessera::transport::LaunchEnv& env) {
       const auto path = engine->save_checkpoint(a.checkpoint_dir, save);
       if (rank == 0) std::printf("grpo: saved checkpoint %s (GRPO step %d)\n", path.c_str(), step + 1);
     }
+    // Colocated jobs: the rollout job generates the next step's samples with the weights just sent;
+    // meanwhile this job's states wait in host memory (reloaded when the samples arrive).
+    if (a.offload_states && step + 1 < a.last_step()) {
+      const auto t = Clock::now();
+      const auto moved = engine->offload_states();
+      if (rank == 0)
+        std::printf("grpo: step %d: %.1f MB of states to host memory in %.1f ms (reloaded in %.1f ms before this step)\n",
+                    step + 1, double(moved.total()) / 1e6, ms_since(t), reload_ms);
+    }
   }
   if (rank == 0) std::printf("grpo: done, %d of %d steps; curve in %s\n", a.last_step(), a.steps, a.csv.c_str());
   return 0;
@@ -532,6 +548,9 @@ int main(int argc, char** argv) {
   app.add_option("--offload", a.offload, "none | cpu: the training job's optimizer (masters, AdamW states, its step) "
                  "in host memory (offload_optimizer.device; needs ZeRO stage 1-3)")
       ->check(CLI::IsMember({"none", "cpu"}));
+  app.add_flag("--offload-states", a.offload_states,
+               "the training job moves its states (weights, gradients, masters, optimizer states) to host memory after "
+               "each sync and back when the samples arrive (offload_states/reload_states, for jobs sharing devices)");
   app.add_option("--rollout-dtype", a.rollout_dtype, "fp32 | bf16 (weights cast on the way)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--config", a.config,

@@ -5,8 +5,9 @@ Both training sides run the same operations in the same order, so every step's m
 rollout log-prob mismatch, the samples' mean negative log-prob, per-position accuracies and policy entropy must be
 equal as printed (6 significant digits), and the final weights (each job's checkpoint consolidated by `tessera
 checkpoint consolidate`) bit for bit. Stage 2 and stage 3. Negative control: a C++ run with the lr changed by 1% differs.
-With `offload`: the C++ and the Python training sides with the optimizer offloaded to host memory (--offload cpu)
-against the C++ main job without offload, the same comparisons.
+With `offload`: the C++ and the Python training sides with the optimizer offloaded to host memory (--offload cpu),
+and the C++ side moving all its states to host memory while the rollout job generates (--offload-states), against
+the C++ main job without offload, the same comparisons.
 Usage: grpo_python.py BUILD_DIR PORT [offload]"""
 import os
 import subprocess
@@ -20,9 +21,9 @@ STEPS = 20
 COMPARED = ["reward", "loss", "logprob_mismatch", "neg_logprob", "acc1", "acc2", "acc3", "entropy"]
 
 
-def run(out, port, python, stage, lr=None, offload=False):
+def run(out, port, python, stage, lr=None, offload=False, flags=()):
     extra = ["--steps", str(STEPS), "--seed", "5", "--zero-stage", str(stage), "--checkpoint-dir",
-             os.path.join(out, "ckpt")] + (["--lr", lr] if lr else []) + (["--offload", "cpu"] if offload else [])
+             os.path.join(out, "ckpt")] + (["--lr", lr] if lr else []) + (["--offload", "cpu"] if offload else []) + list(flags)
     r = subprocess.run([sys.executable, os.path.join(root, "examples", "grpo", "run_grpo.py"), "--build", build,
                         "--port", str(port), "--out", out] + (["--python-train"] if python else []) + ["--"] + extra,
                        timeout=600, stdout=subprocess.DEVNULL)
@@ -66,6 +67,9 @@ with tempfile.TemporaryDirectory() as tmp:
         if offload:
             compare("the C++ training side offloaded", stage,
                     run(os.path.join(tmp, f"cpp_offload{stage}"), base + 2, False, stage, offload=True), cpp)
+            # Colocated: every state to host memory while the rollout job generates, back for the update.
+            compare("the C++ training side with offload_states around generation", stage,
+                    run(os.path.join(tmp, f"cpp_states{stage}"), base + 6, False, stage, flags=["--offload-states"]), cpp)
     if not offload:
         perturbed = run(os.path.join(tmp, "perturbed"), port + 6, False, 2, lr="0.00101")
         if not differences(perturbed, oracle[2]) or perturbed["weights"] == oracle[2]["weights"]:
