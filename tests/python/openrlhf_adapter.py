@@ -20,7 +20,8 @@ strategy.optimizer_step) from create_optimizer's two groups (no weight decay on 
   - negative controls: a perturbed oracle (lr x 1.0001) and an oracle that decays the biases differ;
   - a client LambdaLR passed to prepare sets the engine's lr after every update as torch's formula says;
     all_reduce (mean / max / sum, numbers, tensors and dicts) and all_gather against values computed here;
-  - refused: offload_states / reload_states (tessera.Error naming issue 25), args.adam_offload, save_ckpt with
+  - offload_states / reload_states: the weights have no memory in between and come back bit for bit;
+  - refused: args.adam_offload, save_ckpt with
     another max_num, save_pretrained options; get_rank / world_size / is_rank_0 / print follow the launch
     environment.
 Usage: tessera-launch --nproc-per-node 2 /usr/bin/python3 openrlhf_adapter.py"""
@@ -192,8 +193,17 @@ for what, (other, _) in (("lr x 1.0001", oracle(lr=LR * 1.0001)), ("decayed bias
     expect(not same(other, expected), f"the oracle with {what} equals the oracle")
 
 # Refused, and the rank helpers.
-expect_error(tessera.Error, ["offload", "issue 25"], lambda: strategy.offload_states(engine))
-expect_error(tessera.Error, ["issue 25"], lambda: strategy.reload_states(engine))
+# offload_states/reload_states around generation: every state to host memory (the weights without memory), back bit
+# for bit.
+with engine.gathered_parameters():
+    kept = [p.detach().clone() for p in engine.module.parameters()]
+moved = strategy.offload_states(engine)
+expect(moved["optimizer_states"] > 0 and moved["parameters"] > 0, f"offload_states moved {moved}")
+expect(sum(p.storage().nbytes() for p in engine.module.parameters()) == 0, "the weights kept their memory")
+expect(strategy.reload_states(engine) == moved, "reload_states did not bring back what offload_states moved")
+with engine.gathered_parameters():
+    expect(all(torch.equal(p, k) for p, k in zip(engine.module.parameters(), kept)), "the weights changed over offload_states")
+expect_error(tessera.Error, ["give the engine"], lambda: strategy.offload_states(None))
 expect_error(tessera.ConfigError, ["adam_offload", "issue 25"],
              lambda: TesseraStrategy(args=types.SimpleNamespace(param_dtype="fp32", adam_offload=True)))
 expect_error(tessera.Error, ["prepare() returned"], lambda: strategy.backward(torch.zeros(()), model_of(), None))

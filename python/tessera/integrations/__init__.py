@@ -6,6 +6,7 @@
                                    (openrlhf/utils/deepspeed/deepspeed.py, DeepspeedStrategy)
 
 Import the one you need; neither framework is imported (each adapter follows its interface as documented, so a
-framework's own classes are not needed to use it). Both are CPU-only, as tessera is, and refuse offload by name
-(issue 25) rather than pretend to do it.
+framework's own classes are not needed to use it). Both are CPU-only, as tessera is; OpenRLHF's offload_states /
+reload_states move every state to host memory and back (Engine::offload_states); parameter and NVMe offload are
+refused by name (issue 25) rather than pretended.
 """

@@ -15,7 +15,8 @@ merged over it (a `tessera` section, a `scheduler` section). Pass the Hugging Fa
 Actor wrapper (unwrap actor.model and put the engine back yourself).
 
 What tessera does not offer, refused with a tessera.Error rather than done halfway:
-  - offload (issue 25): offload_states / reload_states raise; so do args.adam_offload and an eval model's offload.
+  - offload_states / reload_states move every state of the given engine to host memory and back (bit for bit);
+    args.adam_offload and an eval model's offload are refused (issue 25).
   - process groups: all_reduce / all_gather / barrier span every launched rank (tessera.comm).
   - save_ckpt's max_mem (a size budget): tessera prunes by count (tessera.checkpoint.keep_last = max_ckpt_num),
     not by size; a warning says so.
@@ -223,8 +224,16 @@ class TesseraStrategy:
         return torch.cat(parts)
 
     def offload_states(self, model=None, pin_memory=True, non_blocking=True):
-        raise _tessera.Error("offload_states: tessera cannot offload its optimizer states, gradients or weights to "
-                             "make room for generation: offload is not implemented yet (issue 25)")
+        """OpenRLHF's offload_deepspeed_states: every state of the model's engine (weights, gradients, masters,
+        optimizer states) to host memory before generation; returns {state: bytes moved}."""
+        return self._engine_of(model, "offload_states").offload_states(pin_memory=pin_memory, non_blocking=non_blocking)
 
     def reload_states(self, model=None, non_blocking=True):
-        raise _tessera.Error("reload_states: nothing was offloaded: offload is not implemented yet (issue 25)")
+        """OpenRLHF's reload_deepspeed_states: what offload_states moved, back bit for bit."""
+        return self._engine_of(model, "reload_states").reload_states(non_blocking=non_blocking)
+
+    def _engine_of(self, model, what):
+        engine = model
+        if not isinstance(engine, TesseraEngine):
+            raise _tessera.Error(f"{what}: give the engine prepare() returned (got {type(engine).__name__})")
+        return engine
