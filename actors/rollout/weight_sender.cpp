@@ -18,6 +18,7 @@
 namespace tessera {
 
 struct WeightSender::Impl {
+  const Engine* engine = nullptr;  // asked only whether its states are offloaded
   std::unique_ptr<SyncLink> link;
   EngineStorage storage;
   std::vector<std::string> buffer_of;  // per parameter, its key in storage.buffers
@@ -40,6 +41,7 @@ struct WeightSender::Impl {
 
 WeightSender::WeightSender(Engine& engine, const nn::DecoderConfig& config, const WeightSyncOptions& options)
     : impl_(std::make_unique<Impl>()) {
+  impl_->engine = &engine;
   impl_->link = std::make_unique<SyncLink>(options, true, engine.rank(), engine.world_size());
   auto& link = *impl_->link;
   impl_->storage = engine.storage_maps();
@@ -131,6 +133,9 @@ void WeightSender::Impl::remember_synced() {
 }
 
 WeightSyncStats WeightSender::sync() {
+  if (impl_->engine->states_offloaded())
+    throw Error("weight sync: the training engine's states are offloaded (offload_states); call reload_states() "
+                "first (sync before offloading, as the GRPO job does)");
   auto& link = *impl_->link;
   WeightSyncStats stats;
   stats.plan_ms = link.plan_once();

@@ -140,7 +140,8 @@ void export_weights(const Engine& engine, const std::function<void(const std::st
 
 class WeightSender {
  public:
-  // Collective over both jobs. `config` is the trained model's (DecoderLm's) config.
+  // Collective over both jobs. `config` is the trained model's (DecoderLm's) config. `engine` must
+  // outlive the sender; sync() refuses while its states are offloaded (Engine::offload_states).
   WeightSender(Engine& engine, const nn::DecoderConfig& config, const WeightSyncOptions& options);
   ~WeightSender();
   WeightSyncStats sync();
