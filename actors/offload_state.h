@@ -3,6 +3,7 @@
 // its actors' messages.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace tessera {
@@ -13,6 +14,9 @@ enum class OffloadState : uint8_t {
   master_weights,    // fp32 master partitions (none when the weights are their own master)
   optimizer_states,  // every optimizer state partition
 };
+
+inline constexpr std::array<OffloadState, 4> kAllOffloadStates = {
+    OffloadState::parameters, OffloadState::gradients, OffloadState::master_weights, OffloadState::optimizer_states};
 
 inline const char* name_of(OffloadState s) {
   switch (s) {

@@ -36,8 +36,7 @@ OffloadedStates Engine::offload_states(const OffloadStatesOptions& options) {
                 "next backward (at an accumulation boundary)");
   wait_for_checkpoint();  // an asynchronous save reads these buffers
   std::vector<OffloadState> kinds = options.include;
-  if (kinds.empty())
-    kinds = {OffloadState::parameters, OffloadState::gradients, OffloadState::master_weights, OffloadState::optimizer_states};
+  if (kinds.empty()) kinds.assign(kAllOffloadStates.begin(), kAllOffloadStates.end());
   if (s.inference)
     kinds.erase(std::remove_if(kinds.begin(), kinds.end(), [](OffloadState k) { return k != OffloadState::parameters; }),
                 kinds.end());

@@ -90,6 +90,7 @@ std::optional<LaunchConfig> launch_config_from_env() {
   const std::string json = env("TESSERA_LAUNCH_CONFIG_JSON");
   if (json.empty()) return std::nullopt;
   LaunchConfig out;
+  out.json = json;
   out.origin = env("TESSERA_LAUNCH_CONFIG_ORIGIN");
   if (out.origin.empty()) out.origin = "TESSERA_LAUNCH_CONFIG_JSON";
   out.config = load_config_text(json, Format::json, out.origin);
@@ -98,12 +99,10 @@ std::optional<LaunchConfig> launch_config_from_env() {
   return out;
 }
 
-Config reconcile_with_launch(Config config) {
-  const auto launched = launch_config_from_env();
-  if (!launched) return config;
-  Reconciler r(*launched, config.source.empty() ? std::string("the program's config") : config.source,
+Config reconcile_with_launch(Config config, const LaunchConfig& launched) {
+  Reconciler r(launched, config.source.empty() ? std::string("the program's config") : config.source,
                config.provenance);
-  const Config& l = launched->config;
+  const Config& l = launched.config;
   auto& z = config.zero_optimization;
   const auto& lz = l.zero_optimization;
   if (r.set("zero_stage")) r.settle("zero_optimization.stage", z.stage, lz.stage);
@@ -125,13 +124,12 @@ Config reconcile_with_launch(Config config) {
   return config;
 }
 
-Config program_config(const std::string& path, const std::string& who) {
-  if (!path.empty()) return reconcile_with_launch(load_config(path));
-  auto launched = launch_config_from_env();
+Config program_config(const std::string& path, const std::optional<LaunchConfig>& launched, const std::string& who) {
+  if (!path.empty()) return launched ? reconcile_with_launch(load_config(path), *launched) : load_config(path);
   if (!launched)
     throw ConfigError("no config: give " + who + " (a tessera TOML or DeepSpeed JSON file), or start the program "
                       "with tessera-launch --config_file ACCELERATE.yaml");
-  return std::move(launched->config);
+  return launched->config;
 }
 
 }  // namespace tessera::config

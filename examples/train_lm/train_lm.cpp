@@ -143,10 +143,10 @@ int main(int argc, char** argv) {
     tessera::data::ByteCorpus corpus(corpus_paths);
     if (hf_config.empty() && !(init_weights.empty() && save_dir.empty()))
       throw tessera::ConfigError("--init-weights and --save-dir need --model-config");
-    auto config = tessera::config::program_config(config_path);
-    // zero3_init_flag (tessera-launch --config_file): at stage 3 the model is built partitioned
-    // (not when --init-weights loads it: the loader writes whole tensors).
-    const auto launched = tessera::config::launch_config_from_env();
+    const auto launched = tessera::config::launch_config_from_env();  // tessera-launch --config_file's
+    auto config = tessera::config::program_config(config_path, launched);
+    // zero3_init_flag: at stage 3 the model is built partitioned (not when --init-weights loads it:
+    // the loader writes whole tensors).
     const int stage = config.zero_optimization.stage.is_auto ? zero_stage : int(config.zero_optimization.stage.value);
     std::optional<tessera::zero::PartitionedConstruction> partitioned;
     if (launched && launched->zero3_init && stage == 3 && init_weights.empty()) partitioned.emplace();

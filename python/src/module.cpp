@@ -71,9 +71,10 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
                                      py::object client_step) {
   // A config of the script's own beside tessera-launch --config_file's: the Accelerate file's variables
   // fill its "auto" values and must agree with the rest (core/config/launch_config.h).
-  auto config = config::reconcile_with_launch(config_is_path ? config::load_config(config_text)
-                                                             : config::load_config_text(config_text, config::Format::json,
-                                                                                        "the config dict"));
+  auto config = config_is_path ? config::load_config(config_text)
+                               : config::load_config_text(config_text, config::Format::json, "the config dict");
+  if (const auto launched = config::launch_config_from_env())
+    config = config::reconcile_with_launch(std::move(config), *launched);
   InitializeOptions options;
   for (size_t g = 0; g < group_names.size(); ++g) {
     ParamGroup group;
@@ -232,8 +233,7 @@ PYBIND11_MODULE(_tessera, m) {
         options.pin_memory = pin_memory;
         for (const auto& name : include) {
           bool found = false;
-          for (auto k : {OffloadState::parameters, OffloadState::gradients, OffloadState::master_weights,
-                         OffloadState::optimizer_states})
+          for (auto k : kAllOffloadStates)
             if (name == name_of(k)) options.include.push_back(k), found = true;
           if (!found) throw ConfigError("offload_states: unknown state '" + name + "'");
         }
@@ -320,12 +320,15 @@ PYBIND11_MODULE(_tessera, m) {
   });
   // The launcher's config (tessera-launch --config_file) as (JSON text, origin), None without one.
   m.def("launch_config", []() -> std::optional<std::pair<std::string, std::string>> {
-    const auto text = env_string("TESSERA_LAUNCH_CONFIG_JSON", "");
-    if (text.empty()) return std::nullopt;
-    return std::make_pair(text, env_string("TESSERA_LAUNCH_CONFIG_ORIGIN", "TESSERA_LAUNCH_CONFIG_JSON"));
+    const auto launched = config::launch_config_from_env();
+    if (!launched) return std::nullopt;
+    return std::make_pair(launched->json, launched->origin);
   });
   // zero3_init_flag of the launcher's Accelerate file.
-  m.def("launch_zero3_init", [] { return env_string("TESSERA_ZERO3_INIT", "0") == "1"; });
+  m.def("launch_zero3_init", [] {
+    const auto launched = config::launch_config_from_env();
+    return launched && launched->zero3_init;
+  });
   // tessera.zero.Init: cuts a parameter at construction (rank's chunk kept, the whole freed).
   m.def("partition_parameter", &zero::partition_parameter, py::arg("parameter"), py::arg("world"), py::arg("rank"));
   m.def("is_partitioned", [](const at::Tensor& p) { return zero::constructed_chunk(p).has_value(); });

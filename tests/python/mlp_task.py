@@ -15,3 +15,9 @@ NAMES = [name for name, _ in model_of().named_parameters()]
 def rows(step, r, n):
     g = torch.Generator().manual_seed(10000 * step + r)
     return torch.randn(n, 32, generator=g), torch.randn(n, 8, generator=g)
+
+
+def mse_loss(model, step, r, n):
+    """The MSE of `model` on (step, rank r)'s n rows."""
+    x, y = rows(step, r, n)
+    return torch.nn.functional.mse_loss(model(x), y)

@@ -3,8 +3,8 @@
 `tessera-launch --config_file accelerate.yaml PROGRAM` reads the file with python3-yaml. Its DeepSpeed
 plugin (`deepspeed_config:` zero_stage, offload_*, ...) becomes a DeepSpeed-style config as Accelerate's
 DeepSpeedPlugin builds one; with `deepspeed_config_file` that JSON file is the config, its "auto"
-precision filled from `mixed_precision`. The ranks get it in the environment (CONFIG_VARS below; the
-engine's side is core/config/launch_config.h). num_processes (all machines together, as in Accelerate),
+precision filled from `mixed_precision`. The ranks get it in the environment (AccelerateLaunch.environment();
+the engine's side is core/config/launch_config.h). num_processes (all machines together, as in Accelerate),
 num_machines, machine_rank and main_process_* set the launch where the command line does not.
 """
 import json
@@ -12,11 +12,6 @@ import os
 from dataclasses import dataclass, field
 
 from .common import die
-
-# What the ranks get: the config's JSON text, where it came from, the plugin variables the file gave,
-# and zero3_init_flag.
-CONFIG_VARS = ("TESSERA_LAUNCH_CONFIG_JSON", "TESSERA_LAUNCH_CONFIG_ORIGIN", "TESSERA_LAUNCH_DS_FIELDS",
-               "TESSERA_ZERO3_INIT")
 
 # The plugin's variables that a deepspeed_config_file makes meaningless, in Accelerate's order.
 IGNORED_WITH_CONFIG_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",
@@ -63,7 +58,8 @@ class AccelerateLaunch:
     notes: list = field(default_factory=list)
 
     def environment(self):
-        """The variables that carry the config to every rank (CONFIG_VARS)."""
+        """The variables that carry the config to every rank: its JSON text, where it came from, the plugin
+        variables the file gave, and zero3_init_flag."""
         env = {
             "TESSERA_LAUNCH_CONFIG_JSON": json.dumps(self.deepspeed_config, separators=(",", ":")),
             "TESSERA_LAUNCH_CONFIG_ORIGIN": self.origin,
