@@ -54,6 +54,16 @@ if(NOT TARGET tessera::xxhash)
   set_target_properties(tessera::xxhash PROPERTIES IMPORTED_LOCATION "${TESSERA_XXHASH_LIBRARY}"
     INTERFACE_INCLUDE_DIRECTORIES "${TESSERA_XXHASH_INCLUDE_DIR}")
 endif()
+# liburing ships a pkg-config file, no CMake package: import it by hand (optimizer offload to NVMe).
+find_path(TESSERA_URING_INCLUDE_DIR liburing.h)
+find_library(TESSERA_URING_LIBRARY uring)
+tessera_require(TESSERA_URING_INCLUDE_DIR liburing-dev "liburing headers (liburing.h)")
+tessera_require(TESSERA_URING_LIBRARY liburing-dev "liburing library")
+if(NOT TARGET tessera::uring)
+  add_library(tessera::uring UNKNOWN IMPORTED)
+  set_target_properties(tessera::uring PROPERTIES IMPORTED_LOCATION "${TESSERA_URING_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${TESSERA_URING_INCLUDE_DIR}")
+endif()
 if(TESSERA_BUILD_TESTS)
   find_package(Catch2 2 QUIET)
   tessera_require(Catch2_FOUND catch2 "Catch2 2.x")

@@ -15,7 +15,7 @@ set_target_properties(tessera_all PROPERTIES EXPORT_NAME tessera)
 add_library(tessera::tessera ALIAS tessera_all)
 
 set(_tessera_targets tessera_all tessera_base tessera_log tessera_core tessera_affine tessera_config tessera_optim tessera_zero_plan tessera_zero tessera_nn tessera_data
-    tessera_io_header tessera_io tessera_checkpoint
+    tessera_io_header tessera_io tessera_aio tessera_checkpoint
     tessera_transport tessera_training_actors tessera_engine tessera_rollout tessera_actors)
 install(TARGETS ${_tessera_targets} EXPORT tesseraTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

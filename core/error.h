@@ -54,4 +54,11 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// An offload file (NVMe swap) cannot be created, read or written, or is not what the engine wrote
+// there (size, hash): names the path, the sub-group and the operation.
+class OffloadError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace tessera

@@ -12,6 +12,7 @@ packages=(
   catch2                                          # Catch2 2.x tests
   libcli11-dev libspdlog-dev libfmt-dev           # command line, logging
   libxxhash-dev                                   # checksums
+  liburing-dev                                    # io_uring: optimizer offload to NVMe
   libssl-dev                                      # HMAC-SHA256 of the store's handshake
   libbenchmark-dev                                # bench harness
   python3-torch                                   # the decoder logits oracle; the Python binding's torch

@@ -195,6 +195,17 @@ struct OffloadParamConfig {
   TESSERA_CONFIG_EQ(OffloadParamConfig)
 };
 
+// aio: how NVMe offload reads and writes its swap files (DeepSpeed's aio block; io_uring here).
+struct AioConfig {
+  std::int64_t block_size = 1'048'576;    // bytes per I/O request piece (a multiple of 4096)
+  std::int64_t queue_depth = 8;           // pieces in flight per I/O thread
+  std::int64_t intra_op_parallelism = 1;  // I/O threads (DeepSpeed's older name: thread_count)
+  bool single_submit = false;             // submit pieces one by one instead of in batches
+  bool overlap_events = true;             // refill the queue as pieces complete
+  auto tie() const { return std::tie(block_size, queue_depth, intra_op_parallelism, single_submit, overlap_events); }
+  TESSERA_CONFIG_EQ(AioConfig)
+};
+
 // zero_optimization.leaf_module: modules whose whole subtree ZeRO-3 gathers at once.
 struct LeafModuleConfig {
   std::vector<std::string> classes;
@@ -364,6 +375,7 @@ struct Config {
   TensorParallelConfig tensor_parallel;
   CompileConfig compile;
   CheckpointBlockConfig checkpoint;
+  AioConfig aio;
   TesseraConfig tessera;
   // Keys tessera does not act on (ignored or not yet supported), kept as JSON text by dotted
   // path so that writing the config back keeps them: {"flops_profiler": "{\"enabled\":true}"}.
@@ -378,7 +390,7 @@ struct Config {
   auto tie() const {
     return std::tie(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
                     steps_per_print, wall_clock_breakdown, fp16, bf16, torch_autocast, data_types, optimizer, scheduler,
-                    zero_optimization, tensor_parallel, compile, checkpoint, tessera, passthrough);
+                    zero_optimization, tensor_parallel, compile, checkpoint, aio, tessera, passthrough);
   }
   TESSERA_CONFIG_EQ(Config)
 };

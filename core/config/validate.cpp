@@ -63,6 +63,7 @@ class Checker {
     zero();
     tensor_parallel();
     compile();
+    aio();
     tessera();
     errors_.raise_if_any();
   }
@@ -251,9 +252,7 @@ class Checker {
     }
     // Modelled and checked, but not in the engine yet: listed as not yet supported, so that
     // `config check` says so and the engine refuses them by this list. Optimizer offload to host
-    // memory is supported (the offload actor); NVMe and parameter offload are not yet.
-    if (!oo.is_auto && oo.value == OffloadDevice::nvme)
-      unsupported(p + "offload_optimizer.device", "\"nvme\"", "optimizer offload to NVMe");
+    // memory and to NVMe is supported (the offload actor, NVMe swap files); parameter offload is not yet.
     if (!op.is_auto && op.value != OffloadDevice::none)
       unsupported(p + "offload_param.device", std::string("\"") + name_of(op.value) + "\"", "parameter offload");
     struct ZeroPP { const char* key; bool on; };
@@ -321,6 +320,16 @@ class Checker {
                                        std::to_string(s.partition_dim));
       }
     }
+  }
+
+  // aio: DeepSpeed's DeepSpeedAIOConfig takes any integers; io_uring with O_DIRECT needs pieces of
+  // whole 4096-byte pages and at least one entry and one thread.
+  void aio() {
+    const auto& a = c_.aio;
+    if (a.block_size < 4096 || a.block_size % 4096 != 0)
+      error("aio.block_size", "expected a multiple of 4096 bytes (O_DIRECT pages), got " + std::to_string(a.block_size));
+    at_least("aio.queue_depth", a.queue_depth, std::int64_t{1});
+    at_least("aio.intra_op_parallelism", a.intra_op_parallelism, std::int64_t{1});
   }
 
   void compile() {

@@ -109,8 +109,8 @@ TEST_CASE("config check lists ignored and not-yet-supported keys without failing
 }
 
 TEST_CASE("config check lists parameter offload and AutoTP training as not yet supported", "[config][cli]") {
-  // The README promises keys the engine refuses are listed; parameter offload, NVMe optimizer offload
-  // and AutoTP are refused at initialize, optimizer offload to host memory is not.
+  // The README promises keys the engine refuses are listed; parameter offload and AutoTP are refused
+  // at initialize, optimizer offload to host memory and to NVMe are not.
   Run r = run("config check " + src("configs/deepspeed/accelerate_zero_stage3_offload_config.json"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
@@ -122,7 +122,7 @@ TEST_CASE("config check lists parameter offload and AutoTP training as not yet s
                                       "device = \"nvme\"\nnvme_path = \"/tmp\"\n");
   r = run("config check " + nvme);
   CHECK(r.exit_code == 0);
-  CHECK_THAT(r.output, Catch::Contains("zero_optimization.offload_optimizer.device = \"nvme\": not yet supported (optimizer offload to NVMe)"));
+  CHECK_THAT(r.output, !Catch::Contains("offload_optimizer.device = \"nvme\": not yet supported"));
   r = run("config check " + src("configs/autotp.toml"));
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("tensor_parallel.autotp_size = "));

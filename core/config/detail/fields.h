@@ -176,6 +176,14 @@ template <class V> void visit(CheckpointConfig& c, V& v) {
   v.field("sigterm_save_dir", c.sigterm_save_dir);
 }
 
+template <class V> void visit(AioConfig& c, V& v) {
+  v.field("block_size", c.block_size);
+  v.field("queue_depth", c.queue_depth);
+  v.field("intra_op_parallelism", c.intra_op_parallelism);
+  v.field("single_submit", c.single_submit);
+  v.field("overlap_events", c.overlap_events);
+}
+
 template <class V> void visit(TesseraConfig& c, V& v) {
   v.section("transport", c.transport);
   v.section("rollout", c.rollout);
@@ -199,6 +207,7 @@ template <class V> void visit(Config& c, V& v) {
   v.section("tensor_parallel", c.tensor_parallel);
   v.section("compile", c.compile);
   v.section("checkpoint", c.checkpoint);
+  v.section("aio", c.aio);
   v.section("tessera", c.tessera);
 }
 
