@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 
+#include "core/io/uring_file.h"
 #include "core/zero/sharding_plan.h"
 
 namespace tessera::actors {
@@ -18,13 +19,18 @@ namespace tessera::actors {
 enum class StatePlacement : uint8_t {
   device,  // beside the parameters
   host,    // in host memory: gradients come to the host and new weights go back, sub-group by sub-group
+  nvme,    // in a swap file (NVMe), a few sub-groups at a time in host memory; otherwise as host
 };
 
 // Optimizer offload: the placement and the host staging between the device and the host copies.
 struct OptimizerOffload {
   StatePlacement placement = StatePlacement::device;
   bool pin_memory = false;  // pinned staging buffers (only where the parameters are on a GPU)
-  int64_t buffer_count = 0; // offload_optimizer.buffer_count: staging slots each way (>= 2 used, <= the sub-groups)
+  int64_t buffer_count = 0; // offload_optimizer.buffer_count: staging slots each way (>= 2 used, <= the sub-groups);
+                            // with nvme also the sub-group records in host memory (>= 3 used)
+  std::string nvme_path;    // nvme: the directory of the swap files
+  io::AioSettings aio;      // nvme: how the swap files are read and written
+  bool off_device() const { return placement != StatePlacement::device; }
 };
 
 struct EngineSpec {

@@ -10,6 +10,7 @@
 #include "actors/offload.h"
 #include "actors/parked_reply.h"
 #include "core/elapsed.h"
+#include "core/optim/nvme_state_store.h"
 #include "core/optim/state_store.h"
 
 namespace tessera::actors {
@@ -28,6 +29,7 @@ struct OptimizerShardState {
   int64_t staging_slots = 0;
   int64_t staging_bytes = 0;
   zero::ParkedStorages parked;  // offload_states: masters and states moved to host memory
+  optim::NvmeStateStore* nvme = nullptr;  // the store, when it is the NVMe one
 
   // Every collective behind a request has its own timeout; this bound only guards against a lost actor.
   std::chrono::milliseconds bound() const { return 3 * spec->timeout + std::chrono::seconds(10); }
@@ -78,8 +80,22 @@ struct OptimizerShardState {
     };
     using InFlight = decltype(gradients_to_host(0));
     std::deque<InFlight> arriving;
-    std::vector<decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}))> leaving;
-    size_t asked = 0, acquired = 0;
+    using Leaving = decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}));
+    std::deque<std::pair<Leaving, size_t>> leaving;  // and the piece it reads (acquired until the reply)
+    // A sub-group stays acquired until its weights have left. In host memory that costs nothing;
+    // NVMe keeps few records in memory, so each is released (written back) as soon as its weights
+    // are copied, while the next one steps.
+    const size_t in_flight = nvme ? 1 : size_t(staging_slots);
+    auto weights_left = [&] {
+      auto& [request, piece] = leaving.front();
+      request.receive([&](Done& d) {
+        if (d.error && !failure) failure = d.error;
+      }, fail("weights to the device"));
+      store->release(int64_t(pieces[piece].g), int64_t(pieces[piece].s));
+      leaving.pop_front();
+    };
+    const auto swap_before = nvme ? nvme->stats() : optim::NvmeStoreStats{};
+    size_t asked = 0;
     for (; asked < pieces.size() && asked < size_t(staging_slots); ++asked) arriving.push_back(gradients_to_host(asked));
     for (size_t i = 0; i < pieces.size() && !failure; ++i) {
       const auto& p = pieces[i];
@@ -96,31 +112,66 @@ struct OptimizerShardState {
       report.offload_copy_s += grad.copy_s;
       const auto& hp = request.hyperparameters.at(size_t(spec->plan->groups()[p.g].param_group));
       // Acquired until its weights have left (the offload actor reads the master until it replies).
-      auto state = store->acquire(int64_t(p.g), int64_t(p.s));
-      ++acquired;
+      optim::SubGroupState state;
+      try {
+        state = store->acquire(int64_t(p.g), int64_t(p.s));
+      } catch (...) {
+        failure = std::current_exception();
+        break;
+      }
       try {
         kernels[p.g]->step(state.master, grad.host, state.states, updates + 1, hp, workspace);
       } catch (...) {
         failure = std::current_exception();
+        store->release(int64_t(p.g), int64_t(p.s));
         break;
       }
       // Slot i % staging_slots is free again: ask for the sub-group that uses it next.
       if (asked < pieces.size()) arriving.push_back(gradients_to_host(asked++));
       WeightsToDevice out{int64_t(i) % staging_slots, state.master,
                           parameters.tensors.at(p.g).narrow(0, p.begin, p.end - p.begin)};
-      leaving.push_back(self->request(offload, bound(), to_device_atom::value, std::move(out)));
+      leaving.emplace_back(self->request(offload, bound(), to_device_atom::value, std::move(out)), i);
+      while (leaving.size() > in_flight && !failure) weights_left();
     }
     // Every reply is taken, also after a failure (no copy may outlive the lends).
     for (auto& a : arriving) a.receive([](HostGradients&) {}, fail("gradients to the host"));
     const auto t0 = std::chrono::steady_clock::now();
-    for (auto& l : leaving)
-      l.receive([&](Done& d) {
-        if (d.error && !failure) failure = d.error;
-      }, fail("weights to the device"));
+    while (!leaving.empty()) weights_left();
     report.offload_wait_s += seconds_since(t0);
-    for (size_t i = 0; i < acquired; ++i) store->release(int64_t(pieces[i].g), int64_t(pieces[i].s));
+    if (nvme) {
+      try {
+        nvme->flush();  // the step's records are in the file when it returns
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      report.swap = swap_step(swap_before, nvme->stats());
+    }
     if (failure) std::rethrow_exception(failure);
     ++updates;
+  }
+
+  static SwapStepStats swap_step(const optim::NvmeStoreStats& before, const optim::NvmeStoreStats& after) {
+    SwapStepStats d;
+    d.bytes_read = after.io.bytes_read - before.io.bytes_read;
+    d.bytes_written = after.io.bytes_written - before.io.bytes_written;
+    d.prefetched = after.prefetched - before.prefetched;
+    d.waited_reads = after.waited_reads - before.waited_reads;
+    d.read_wait_s = after.read_wait_s - before.read_wait_s;
+    d.write_wait_s = after.write_wait_s - before.write_wait_s;
+    return d;
+  }
+
+  // Sizes only (Engine::memory): no tensors, so an NVMe store pages nothing in.
+  OptimizerStates sizes() const {
+    OptimizerStates out;
+    out.master_bytes = store->master_bytes();
+    out.state_bytes = store->state_bytes();
+    out.workspace_bytes = workspace.bytes();
+    out.host = bool(offload);
+    out.staging_bytes = staging_bytes;
+    if (nvme) out.swap_buffer_bytes = nvme->buffer_bytes(), out.swap_file_bytes = nvme->file_bytes();
+    out.updates = updates;
+    return out;
   }
 
   StepReport step(const StepRequest& request) {
@@ -196,19 +247,25 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
       [=](states_atom) -> OptimizerStates {
         auto& s = self->state;
         OptimizerStates out;
-        for (size_t g = 0; g < s.kernels.size(); ++g) {
-          out.state_names.push_back(s.kernels[g]->state_names());
-          out.masters.push_back(s.store->partition_master(int64_t(g)));
-          out.states.push_back(s.store->partition_states(int64_t(g)));
+        try {
+          std::vector<at::Tensor> masters;
+          std::vector<std::vector<at::Tensor>> states;
+          for (size_t g = 0; g < s.kernels.size(); ++g) {
+            out.state_names.push_back(s.kernels[g]->state_names());
+            masters.push_back(s.store->partition_master(int64_t(g)));
+            states.push_back(s.store->partition_states(int64_t(g)));
+          }
+          auto sizes = s.sizes();  // after an NVMe store paged the partitions in
+          sizes.state_names = std::move(out.state_names);
+          sizes.masters = std::move(masters);
+          sizes.states = std::move(states);
+          return sizes;
+        } catch (...) {
+          out.error = std::current_exception();
+          return out;
         }
-        out.master_bytes = s.store->master_bytes();
-        out.state_bytes = s.store->state_bytes();
-        out.workspace_bytes = s.workspace.bytes();
-        out.host = bool(s.offload);
-        out.staging_bytes = s.staging_bytes;
-        out.updates = s.updates;
-        return out;
       },
+      [=](memory_atom) -> OptimizerStates { return self->state.sizes(); },
       [=](restore_atom, const OptimizerCounters& counters) -> Done {
         self->state.updates = counters.updates;
         return Done{};
@@ -230,6 +287,40 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
   };
 }
 
+// Optimizer offload to NVMe: one swap file per rank under nvme_path, filled sub-group by
+// sub-group with the initial master (the partition in the host master's dtype) and states, so that
+// no whole partition of states is ever in host memory. `groups` holds the dtypes and sub-groups.
+std::unique_ptr<optim::StateStore> nvme_store(const EngineSpec& spec,
+                                              const std::vector<std::shared_ptr<optim::OptimizerKernel>>& kernels,
+                                              const std::vector<at::Tensor>& partitions,
+                                              const std::vector<optim::MemoryStateStore::Group>& groups,
+                                              int64_t staging_slots, optim::NvmeStateStore*& out) {
+  std::vector<optim::NvmeStateStore::Group> layout;
+  for (const auto& g : groups) {
+    optim::NvmeStateStore::Group l;
+    l.master_dtype = g.master.scalar_type();
+    for (const auto& t : g.states) l.state_dtypes.push_back(t.scalar_type());
+    l.sub_groups = g.sub_groups;
+    layout.push_back(std::move(l));
+  }
+  auto fill = [&](int64_t g, int64_t sub) {
+    const auto [begin, end] = groups[size_t(g)].sub_groups[size_t(sub)];
+    optim::SubGroupState state;
+    state.master = partitions[size_t(g)].narrow(0, begin, end - begin).to(
+        at::TensorOptions().device(at::kCPU).dtype(groups[size_t(g)].master.scalar_type()), false, /*copy=*/true);
+    state.states = kernels[size_t(g)]->initial_states(state.master);
+    return state;
+  };
+  optim::NvmeStoreOptions options;
+  options.path = spec.optimizer_offload.nvme_path + "/tessera_optimizer_rank" + std::to_string(spec.rank) + ".swap";
+  // The one stepping, the one whose weights are leaving, one read ahead and one written behind.
+  options.buffers = std::max<int64_t>(std::max<int64_t>(3, spec.optimizer_offload.buffer_count), staging_slots > 1 ? 4 : 3);
+  options.aio = spec.optimizer_offload.aio;
+  auto store = std::make_unique<optim::NvmeStateStore>(std::move(layout), fill, options);
+  out = store.get();
+  return store;
+}
+
 }  // namespace
 
 optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> spec,
@@ -237,7 +328,8 @@ optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> sp
                                             const std::vector<at::Tensor>& partitions, gradient_reducer_actor reducer,
                                             parameter_shard_actor parameter_shard) {
   auto s = std::make_shared<OptimizerShardState>();
-  const bool host = spec->optimizer_offload.placement == StatePlacement::host;
+  const bool host = spec->optimizer_offload.off_device();
+  const bool nvme = spec->optimizer_offload.placement == StatePlacement::nvme;
   std::vector<optim::MemoryStateStore::Group> store;
   int64_t largest_sub_group = 0, sub_group_count = 0;
   for (size_t g = 0; g < partitions.size(); ++g) {
@@ -246,9 +338,11 @@ optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> sp
     const auto& partition = partitions[g];
     // Offloaded, the master is a host copy even when no fp32 master is asked for (fp32 weights, or
     // bf16_master_weights_and_grads): in the dtype the device path would step in, so the bits match.
-    if (host)
-      group.master = partition.to(at::TensorOptions().device(at::kCPU).dtype(spec->fp32_master ? at::kFloat : spec->dtype),
-                                  false, /*copy=*/true);
+    const auto host_master = at::TensorOptions().device(at::kCPU).dtype(spec->fp32_master ? at::kFloat : spec->dtype);
+    if (nvme)  // the swap file gets the values sub-group by sub-group (below); here only the dtypes
+      group.master = at::empty({0}, host_master);
+    else if (host)
+      group.master = partition.to(host_master, false, /*copy=*/true);
     else if (spec->fp32_master)
       group.master = partition.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     group.states = kernels[g]->initial_states(group.master.defined() ? group.master : partition);
@@ -274,7 +368,10 @@ optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> sp
     s->staging_bytes = staging.bytes(spec->accumulation_dtype());
     s->offload = spawn_offload(staging);
   }
-  s->store = std::make_unique<optim::MemoryStateStore>(std::move(store));
+  if (nvme)
+    s->store = nvme_store(*spec, kernels, partitions, store, s->staging_slots, s->nvme);
+  else
+    s->store = std::make_unique<optim::MemoryStateStore>(std::move(store));
   s->spec = std::move(spec);
   s->kernels = std::move(kernels);
   s->reducer = std::move(reducer);

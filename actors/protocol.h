@@ -227,6 +227,16 @@ struct StepRequest {
   double loss_scale = 1.0;     // fp16
 };
 
+// Optimizer offload to NVMe, one step: the swap file's I/O and how much of it updates hid.
+struct SwapStepStats {
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;
+  int64_t prefetched = 0;     // sub-groups whose record was read ahead (or still in memory)
+  int64_t waited_reads = 0;   // sub-groups the update had to wait to read
+  double read_wait_s = 0;     // waiting for reads not hidden by updates
+  double write_wait_s = 0;    // waiting for writes to free a buffer
+};
+
 struct StepReport {
   double grad_norm = -1.0;
   bool overflow = false;
@@ -235,6 +245,7 @@ struct StepReport {
   double gather_s = 0;          // all-gather of the updated partitions
   double offload_wait_s = 0;    // optimizer offload: waiting for gradients to reach the host (not hidden by updates)
   double offload_copy_s = 0;    // optimizer offload: device<->host copies (hidden or not)
+  SwapStepStats swap;           // optimizer offload to NVMe
   std::exception_ptr error;
 };
 
@@ -247,6 +258,8 @@ struct OptimizerStates {
   int64_t workspace_bytes = 0;                  // the kernels' reusable temporaries (optim::Workspace)
   bool host = false;                            // optimizer offload: masters and states in host memory
   int64_t staging_bytes = 0;                    // optimizer offload: the host staging slots
+  int64_t swap_buffer_bytes = 0;                // optimizer offload to NVMe: the records' host buffers
+  int64_t swap_file_bytes = 0;                  // optimizer offload to NVMe: the swap file
   int64_t updates = 0;                          // optimizer steps taken (bias corrections count them)
   std::exception_ptr error;
 };
@@ -320,6 +333,7 @@ using offload_actor = caf::typed_actor<caf::replies_to<to_host_atom, GradientsTo
 
 using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<StepReport>,
                                                caf::replies_to<states_atom>::with<OptimizerStates>,
+                                               caf::replies_to<memory_atom>::with<OptimizerStates>,
                                                caf::replies_to<refresh_atom, RefreshRequest>::with<Done>,
                                                caf::replies_to<restore_atom, OptimizerCounters>::with<Done>,
                                                caf::replies_to<park_atom, ParkRequest>::with<Parked>,

@@ -155,6 +155,8 @@ void Engine::step() {
     for (const auto& hp : request.hyperparameters) s.last_lrs.push_back(hp.lr);
   }
   s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s, report.offload_wait_s, report.offload_copy_s};
+  const auto& w = report.swap;
+  s.timing.swap = {w.bytes_read, w.bytes_written, w.prefetched, w.waited_reads, w.read_wait_s, w.write_wait_s};
   if (report.overflow) ++s.skipped;
   if (s.scaler) {
     const auto update = s.scaler->update(report.overflow);

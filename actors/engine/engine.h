@@ -90,6 +90,14 @@ struct StepTiming {
   double gather_s = 0;          // all-gather of the updated partitions
   double offload_wait_s = 0;    // optimizer offload: waiting for device<->host copies not hidden by updates
   double offload_copy_s = 0;    // optimizer offload: the gradients' device->host copies, hidden or not
+  // Optimizer offload to NVMe: the swap file's traffic this step, and what updates did not hide.
+  struct Swap {
+    int64_t bytes_read = 0, bytes_written = 0;
+    int64_t prefetched = 0;     // sub-groups read ahead of their update (or still in memory)
+    int64_t waited_reads = 0;   // sub-groups whose update waited for their read
+    double read_wait_s = 0;     // reads not hidden by updates
+    double write_wait_s = 0;    // writes a buffer had to wait for
+  } swap;
 };
 
 // What the engine holds per rank, in bytes (between steps; transient staging not included).
@@ -108,8 +116,12 @@ struct EngineMemory {
     int64_t staging = 0;           // gradient and weight slots between the device and the host, and
                                    // the kernels' workspace
     int64_t offloaded = 0;         // moved here by offload_states (and no longer counted above)
-    int64_t total() const { return master + optimizer_states + staging + offloaded; }
+    int64_t swap_buffers = 0;      // offload to NVMe: the sub-group records' buffers (master and
+                                   // optimizer_states above are 0 then, but while a checkpoint or
+                                   // storage_maps() has paged the partitions in)
+    int64_t total() const { return master + optimizer_states + staging + offloaded + swap_buffers; }
   } host;
+  int64_t nvme = 0;  // offload to NVMe: the swap file (masters and optimizer states)
   int64_t total() const { return parameters + gradients + master + optimizer_states + scratch; }  // the device's
 };
 

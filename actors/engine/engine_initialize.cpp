@@ -160,10 +160,14 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
   spec->max_reuse_elements = settings.max_reuse_elements;
   spec->forward_windows = inference;
   spec->autocast_gathers = settings.stage == 3 && settings.autocast;
-  if (settings.optimizer_offload == config::OffloadDevice::cpu) {
-    spec->optimizer_offload.placement = actors::StatePlacement::host;
+  if (settings.optimizer_offload != config::OffloadDevice::none) {
+    const bool nvme = settings.optimizer_offload == config::OffloadDevice::nvme;
+    spec->optimizer_offload.placement = nvme ? actors::StatePlacement::nvme : actors::StatePlacement::host;
     spec->optimizer_offload.pin_memory = settings.optimizer_offload_pin_memory;
     spec->optimizer_offload.buffer_count = settings.optimizer_offload_buffer_count;
+    spec->optimizer_offload.nvme_path = settings.optimizer_offload_nvme_path;
+    spec->optimizer_offload.aio = settings.aio;
+    spec->optimizer_offload.aio.timeout = spec->timeout;
   }
   return spec;
 }

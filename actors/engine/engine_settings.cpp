@@ -1,6 +1,11 @@
 #include "actors/engine/engine_settings.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -58,18 +63,30 @@ EngineSettings engine_settings(const config::Config& c) {
   }
   {
     const auto& o = c.zero_optimization.offload_optimizer;
-    if (o.device.value == config::OffloadDevice::nvme)
-      not_yet(c, "zero_optimization.offload_optimizer.device", "optimizer offload to NVMe");
     if (o.device.value != config::OffloadDevice::none && s.stage == 0)
       throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") +
                         "zero_optimization.offload_optimizer.device: optimizer offload needs ZeRO stage 1, 2 or 3");
     s.optimizer_offload = o.device.value;
     s.optimizer_offload_pin_memory = o.pin_memory;
     s.optimizer_offload_buffer_count = o.buffer_count;
+    if (o.device.value == config::OffloadDevice::nvme) {
+      s.optimizer_offload_nvme_path = o.nvme_path;
+      const auto where = (c.source.empty() ? std::string() : c.source + ": ") +
+                         "zero_optimization.offload_optimizer.nvme_path = \"" + o.nvme_path + "\": ";
+      struct stat st{};
+      if (::stat(o.nvme_path.c_str(), &st) != 0) throw ConfigError(where + std::strerror(errno));
+      if (!S_ISDIR(st.st_mode)) throw ConfigError(where + "not a directory");
+      if (::access(o.nvme_path.c_str(), W_OK | X_OK) != 0) throw ConfigError(where + "not writable: " + std::strerror(errno));
+    }
   }
   if (c.zero_optimization.offload_param.device.value != config::OffloadDevice::none)
     not_yet(c, "zero_optimization.offload_param.device", "parameter offload");
   if (c.tensor_parallel.autotp_size > 1) not_yet(c, "tensor_parallel.autotp_size", "tensor parallelism");
+  s.aio.block_size = c.aio.block_size;
+  s.aio.queue_depth = c.aio.queue_depth;
+  s.aio.threads = c.aio.intra_op_parallelism;
+  s.aio.single_submit = c.aio.single_submit;
+  s.aio.overlap_events = c.aio.overlap_events;
   s.gradient_accumulation_steps = std::max<int64_t>(1, c.gradient_accumulation_steps.value);
   s.max_grad_norm = c.gradient_clipping.value;
   s.reduce_bucket_elements = c.zero_optimization.reduce_bucket_size.value;

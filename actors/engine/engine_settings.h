@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/io/uring_file.h"
 #include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
 #include "core/optim/optimizer_options.h"
@@ -55,11 +56,14 @@ struct EngineSettings {
   config::OffloadDevice optimizer_offload = config::OffloadDevice::none;
   bool optimizer_offload_pin_memory = false;
   int64_t optimizer_offload_buffer_count = 0;
+  std::string optimizer_offload_nvme_path;  // device nvme: the swap files' directory (exists, writable)
+  io::AioSettings aio;                      // the aio block (device nvme)
   int64_t collective_timeout_ms = 0;  // tessera.transport.collective_timeout_ms
 };
 
 // `config` must be resolved (no "auto" left). Throws ConfigError for missing or unsupported
-// settings (NVMe and parameter offload, tensor parallelism, fp16 autocast on CPU).
+// settings (parameter offload, tensor parallelism, fp16 autocast on CPU) and an NVMe path that is
+// not a writable directory.
 EngineSettings engine_settings(const config::Config& config);
 
 // The schedule of one parameter group: the config's scheduler over that group's lr (DeepSpeed

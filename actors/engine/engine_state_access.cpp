@@ -135,11 +135,13 @@ EngineMemory Engine::memory() const {
   m.gradients = reducer.gradients;
   m.scratch = reducer.scratch;
   const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
-                                                                           "memory: the optimizer-shard", actors::states_atom::value));
+                                                                           "memory: the optimizer-shard", actors::memory_atom::value));
   if (states.host) {  // optimizer offload: masters, states and the kernels' workspace in host memory
     m.host.master = states.master_bytes;
     m.host.optimizer_states = states.state_bytes;
     m.host.staging = states.staging_bytes + states.workspace_bytes;
+    m.host.swap_buffers = states.swap_buffer_bytes;
+    m.nvme = states.swap_file_bytes;
   } else {
     m.master = states.master_bytes;
     m.optimizer_states = states.state_bytes;

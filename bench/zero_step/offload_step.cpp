@@ -1,6 +1,8 @@
 // offload_step: step time with the optimizer offloaded to host memory (offload_optimizer.device =
-// "cpu") as a ratio to the same training without offload, measured in the same run, interleaved.
+// "cpu"), and with --nvme-path to NVMe swap files (device = "nvme"), as a ratio to the same training
+// without offload, measured in the same run, interleaved.
 //   tools/tessera-launch --nproc-per-node 2 build/bench/zero_step/offload_step [--stage 2] [--dtype bf16]
+//       [--nvme-path /tmp]
 //
 // Two engines on two copies of train_lm's TinyGpt (same data, same settings but the offload key);
 // every round runs each for --steps steps, the order alternating. ratio_to_no_offload is the
@@ -11,6 +13,12 @@
 // updates did not hide); copy_hidden_fraction = 1 - wait / (copies both ways), the weights' copies
 // taken as long as the gradients' (the same bytes: both in the parameters' dtype here). And Engine::memory(): device and
 // host bytes, and the process's peak RSS.
+//
+// NVMe (rank 0's swap file): per step the bytes read and written, the reads and writes the updates
+// did not hide (swap_read_wait_ms, swap_write_wait_ms), prefetched_fraction (sub-groups whose record
+// was read ahead of their update) and io_hidden_fraction = 1 - waits / (the same bytes at raw
+// O_DIRECT speed, measured after the rounds in the same directory: bench/common/direct_io.h); the
+// host's swap buffers against the swap file's size. Both ranks' files share the disk.
 //
 // On a CPU-only machine "device" and host are one memory, so the copies are real memcpys between
 // distinct buffers and the update runs on the same cores either way: what the ratio measures here
@@ -26,6 +34,7 @@
 #include <thread>
 
 #include "actors/engine/engine.h"
+#include "bench/common/direct_io.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/elapsed.h"
@@ -45,6 +54,7 @@ struct Run {
   std::shared_ptr<tessera::Engine> engine;
   std::vector<double> step_ms;  // per round, per step
   std::vector<double> update_ms, wait_ms, copy_ms;  // per timed step
+  std::vector<double> read_wait_ms, write_wait_ms, read_mb, write_mb, prefetched, waited;  // NVMe, per timed step
 };
 
 }  // namespace
@@ -55,7 +65,7 @@ int main(int argc, char** argv) {
   gpt.d_model = 256, gpt.n_layer = 4, gpt.n_head = 4, gpt.context = 64;
   int rounds = 15, steps = 2, warmup = 2, micro = 4, stage = 2, buffer_count = 4;
   int64_t sub_group = 1'000'000;
-  std::string dtype = "bf16";
+  std::string dtype = "bf16", nvme_path;
   app.add_option("--rounds", rounds, "interleaved rounds");
   app.add_option("--steps", steps, "steps per engine and round");
   app.add_option("--stage", stage, "ZeRO stage (1, 2 or 3)")->check(CLI::Range(1, 3));
@@ -65,14 +75,16 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", micro, "sequences per rank and step");
   app.add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size (elements stepped at a time)");
   app.add_option("--buffer-count", buffer_count, "offload_optimizer.buffer_count (staging slots each way)");
+  app.add_option("--nvme-path", nvme_path, "also run with offload_optimizer.device = \"nvme\" under this directory");
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world_size)));
   tessera::data::ByteCorpus corpus(tessera::data::ByteCorpus::default_paths());
 
-  auto make = [&](bool offload) {
+  enum class Placement { none, cpu, nvme };
+  auto make = [&](Placement placement) {
     Run r;
-    r.name = offload ? "offload_cpu" : "no_offload";
+    r.name = placement == Placement::none ? "no_offload" : placement == Placement::cpu ? "offload_cpu" : "offload_nvme";
     r.model = std::make_shared<tessera::nn::TinyGpt>(gpt);
     std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(micro) + "\ngradient_clipping = 1.0\n" +
                        (dtype == "bf16" ? "[bf16]\nenabled = true\n" : "") +
@@ -80,17 +92,20 @@ int main(int argc, char** argv) {
                        "[zero_optimization]\nstage = " + std::to_string(stage) +
                        "\noverlap_comm = true\nsub_group_size = " + std::to_string(sub_group) +
                        "\nreduce_bucket_size = " + std::to_string(gpt.d_model * gpt.d_model) + "\n";
-    if (offload)
-      toml += "[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\npin_memory = true\nbuffer_count = " +
+    if (placement != Placement::none)
+      toml += std::string("[zero_optimization.offload_optimizer]\ndevice = \"") +
+              (placement == Placement::cpu ? "cpu" : "nvme") + "\"\npin_memory = true\nbuffer_count = " +
               std::to_string(buffer_count) + "\n";
+    if (placement == Placement::nvme) toml += "nvme_path = \"" + nvme_path + "\"\n";
     r.engine = tessera::initialize(r.model->module(),
                                    tessera::config::load_config_text(toml, tessera::config::Format::toml, "offload_step"))
                    .engine;
     return r;
   };
   std::vector<Run> runs;
-  runs.push_back(make(false));
-  runs.push_back(make(true));
+  runs.push_back(make(Placement::none));
+  runs.push_back(make(Placement::cpu));
+  if (!nvme_path.empty()) runs.push_back(make(Placement::nvme));
   int64_t parameters = 0;
   for (const auto& p : runs[0].model->module()->parameters()) parameters += p.numel();
   auto step = [&](Run& r, int64_t k) {
@@ -112,16 +127,19 @@ int main(int argc, char** argv) {
         r.update_ms.push_back(1e3 * t.update_s);
         r.wait_ms.push_back(1e3 * t.offload_wait_s);
         r.copy_ms.push_back(1e3 * t.offload_copy_s);
+        r.read_wait_ms.push_back(1e3 * t.swap.read_wait_s), r.write_wait_ms.push_back(1e3 * t.swap.write_wait_s);
+        r.read_mb.push_back(double(t.swap.bytes_read) / (1 << 20)), r.write_mb.push_back(double(t.swap.bytes_written) / (1 << 20));
+        r.prefetched.push_back(double(t.swap.prefetched)), r.waited.push_back(double(t.swap.waited_reads));
       }
       r.step_ms.push_back(1e3 * total / steps);
     }
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   if (env.rank != 0) return 0;
-  std::vector<double> ratios;
-  for (int i = 0; i < rounds; ++i) ratios.push_back(runs[0].step_ms[size_t(i)] / runs[1].step_ms[size_t(i)]);
   const double mib = 1.0 / (1 << 20);
   for (const auto& r : runs) {
+    std::vector<double> ratios;
+    for (int i = 0; i < rounds; ++i) ratios.push_back(runs[0].step_ms[size_t(i)] / r.step_ms[size_t(i)]);
     const auto m = r.engine->memory();
     // Gradients and weights share the dtype here: as many bytes go back as came over.
     const double copies = 2 * median(r.copy_ms);
@@ -134,10 +152,26 @@ int main(int argc, char** argv) {
                 "\"host_master_mb\":%.2f,\"host_states_mb\":%.2f,\"host_staging_mb\":%.2f,\"peak_rss_mb\":%.1f}\n",
                 r.name.c_str(), stage, dtype.c_str(), env.world_size, static_cast<long long>(parameters),
                 static_cast<long long>(sub_group), buffer_count, rounds, steps, median(r.step_ms),
-                *std::min_element(r.step_ms.begin(), r.step_ms.end()), &r == &runs[0] ? 1.0 : median(ratios),
+                *std::min_element(r.step_ms.begin(), r.step_ms.end()), median(ratios),
                 median(r.update_ms), median(r.copy_ms), median(r.wait_ms), hidden, m.total() * mib, m.master * mib,
                 m.optimizer_states * mib, m.host.master * mib, m.host.optimizer_states * mib, m.host.staging * mib,
                 double(u.ru_maxrss) / 1024.0);
   }
+  if (nvme_path.empty()) return 0;
+  const auto& r = runs.back();
+  const auto m = r.engine->memory();
+  const auto raw = tessera::bench::raw_direct_io(nvme_path + "/offload_step_baseline.raw", std::max<int64_t>(m.nvme, 64 << 20), 1 << 20);
+  const double read_ms = median(r.read_mb) / mib / 1e6 / raw.read_gbps();
+  const double write_ms = median(r.write_mb) / mib / 1e6 / raw.write_gbps();
+  const double waits = median(r.read_wait_ms) + median(r.write_wait_ms);
+  const double sub_groups = median(r.prefetched) + median(r.waited);
+  std::printf("{\"bench\":\"offload_step_nvme\",\"stage\":%d,\"dtype\":\"%s\",\"world\":%d,\"nvme_path\":\"%s\","
+              "\"swap_read_mb\":%.2f,\"swap_write_mb\":%.2f,\"swap_read_wait_ms\":%.3f,\"swap_write_wait_ms\":%.3f,"
+              "\"raw_read_gbps\":%.3f,\"raw_write_gbps\":%.3f,\"io_at_raw_speed_ms\":%.3f,\"io_hidden_fraction\":%.3f,"
+              "\"prefetched_fraction\":%.3f,\"host_swap_buffers_mb\":%.2f,\"nvme_mb\":%.2f,\"fsyncs\":0}\n",
+              stage, dtype.c_str(), env.world_size, nvme_path.c_str(), median(r.read_mb), median(r.write_mb),
+              median(r.read_wait_ms), median(r.write_wait_ms), raw.read_gbps(), raw.write_gbps(), read_ms + write_ms,
+              read_ms + write_ms > 0 ? std::clamp(1 - waits / (read_ms + write_ms), 0.0, 1.0) : 0.0,
+              sub_groups > 0 ? median(r.prefetched) / sub_groups : 0.0, m.host.swap_buffers * mib, m.nvme * mib);
   return 0;
 }
