@@ -12,7 +12,13 @@ import subprocess
 import sys
 import tempfile
 
-import torch
+# The oracle computes with one thread, as the ranks run (OMP_NUM_THREADS=1): with two, BLAS may split
+# a weight gradient's sum over the batch between threads and round differently (seen on a 2-core
+# AVX-512 machine). The BLAS library reads the variable when it loads, so it is set before torch is.
+if os.environ.get("OMP_NUM_THREADS") != "1":
+    os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, OMP_NUM_THREADS="1"))
+
+import torch  # noqa: E402
 
 from hf_dir import read_safetensors
 from pytorch_oracle import train_averaged
