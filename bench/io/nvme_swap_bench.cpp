@@ -8,7 +8,8 @@
 // sub-group acquired (read ahead into a free buffer) and released (written back behind), then
 // flushed. ratio_to_raw = (raw write + raw read of the file's bytes) / sweep time: 1 means the swap
 // path moves bytes as fast as the disk does one request after another. One line per aio setting
-// (block_size, queue_depth, threads), medians of --sweeps sweeps; peak RSS against the buffers.
+// (block_size, queue_depth, threads), medians of --sweeps sweeps; peak RSS (the fill's sub-group
+// temporaries included) against the buffers and the RSS before the store.
 // fsyncs: 0 on both sides (a swap file need not survive a crash).
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   app.add_option("--sweeps", sweeps, "sweeps per aio setting");
   CLI11_PARSE(app, argc, argv);
 
+  const double rss_before = tessera::bench::status_mib("VmRSS");
   const int64_t elements = states_mib * (1 << 20) / 12;
   tessera::optim::NvmeStateStore::Group group;
   group.master_dtype = at::kFloat;
@@ -88,13 +90,13 @@ int main(int argc, char** argv) {
                 "\"block_size\":%lld,\"queue_depth\":%lld,\"threads\":%lld,\"sweeps\":%d,"
                 "\"fill_gbps\":%.3f,\"sweep_gbps\":%.3f,\"raw_read_gbps\":%.3f,\"raw_write_gbps\":%.3f,"
                 "\"ratio_to_raw\":%.3f,\"prefetched\":%lld,\"waited_reads\":%lld,\"fsyncs\":%lld,"
-                "\"buffer_mb\":%.1f,\"peak_rss_mb\":%.1f}\n",
+                "\"buffer_mb\":%.1f,\"rss_before_mb\":%.1f,\"peak_rss_mb\":%.1f}\n",
                 dir.c_str(), double(bytes) / (1 << 20), group.sub_groups.size(), static_cast<long long>(buffers),
                 static_cast<long long>(setting.block), static_cast<long long>(setting.depth),
                 static_cast<long long>(setting.threads), sweeps, double(bytes) / fill_s / 1e9,
                 2.0 * double(bytes) / median(sweep_s) / 1e9, median(raw_read), median(raw_write), median(ratios),
                 static_cast<long long>(stats.prefetched), static_cast<long long>(stats.waited_reads),
-                static_cast<long long>(stats.io.fsyncs), double(store.buffer_bytes()) / (1 << 20),
+                static_cast<long long>(stats.io.fsyncs), double(store.buffer_bytes()) / (1 << 20), rss_before,
                 tessera::bench::status_mib("VmHWM"));
     std::fflush(stdout);
   }

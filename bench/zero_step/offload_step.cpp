@@ -17,8 +17,9 @@
 // NVMe (rank 0's swap file): per step the bytes read and written, the reads and writes the updates
 // did not hide (swap_read_wait_ms, swap_write_wait_ms), prefetched_fraction (sub-groups whose record
 // was read ahead of their update) and io_hidden_fraction = 1 - waits / (the same bytes at raw
-// O_DIRECT speed, measured after the rounds in the same directory: bench/common/direct_io.h); the
-// host's swap buffers against the swap file's size. Both ranks' files share the disk.
+// O_DIRECT speed, measured after the rounds in the same directory: bench/common/direct_io.h, for
+// every rank's bytes, as all ranks' files share the disk); the host's swap buffers against the
+// swap file's size.
 //
 // On a CPU-only machine "device" and host are one memory, so the copies are real memcpys between
 // distinct buffers and the update runs on the same cores either way: what the ratio measures here
@@ -161,8 +162,10 @@ int main(int argc, char** argv) {
   const auto& r = runs.back();
   const auto m = r.engine->memory();
   const auto raw = tessera::bench::raw_direct_io(nvme_path + "/offload_step_baseline.raw", std::max<int64_t>(m.nvme, 64 << 20), 1 << 20);
-  const double read_ms = median(r.read_mb) / mib / 1e6 / raw.read_gbps();
-  const double write_ms = median(r.write_mb) / mib / 1e6 / raw.write_gbps();
+  // Every rank's swap file is on the one disk and all move the same bytes at once: the disk moves
+  // world_size times rank 0's bytes in a step.
+  const double read_ms = env.world_size * median(r.read_mb) / mib / 1e6 / raw.read_gbps();
+  const double write_ms = env.world_size * median(r.write_mb) / mib / 1e6 / raw.write_gbps();
   const double waits = median(r.read_wait_ms) + median(r.write_wait_ms);
   const double sub_groups = median(r.prefetched) + median(r.waited);
   std::printf("{\"bench\":\"offload_step_nvme\",\"stage\":%d,\"dtype\":\"%s\",\"world\":%d,\"nvme_path\":\"%s\","

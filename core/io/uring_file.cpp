@@ -245,6 +245,11 @@ void UringFile::wait(const Ticket& ticket) {
   if (!ticket->error.empty()) throw OffloadError(ticket->error);
 }
 
+bool UringFile::completed(const Ticket& ticket) const {
+  std::lock_guard<std::mutex> lock(ticket->mu);
+  return ticket->remaining == 0;
+}
+
 int64_t UringFile::size_bytes_now() const {
   struct stat st{};
   if (::fstat(fd_, &st) != 0) throw OffloadError(path_ + ": fstat: " + errno_text(errno));

@@ -56,6 +56,7 @@ class UringFile {
 
   Ticket submit(IoDirection direction, void* buffer, int64_t bytes, int64_t offset, std::string what);
   void wait(const Ticket& ticket);
+  bool completed(const Ticket& ticket) const;  // every piece done (wait() still reports its errors)
 
   int64_t size_bytes_now() const;  // fstat: a truncated file shows here before any read
   int64_t size_bytes() const { return size_bytes_; }  // as created

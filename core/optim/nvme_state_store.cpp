@@ -289,6 +289,9 @@ SubGroupState NvmeStateStore::acquire(int64_t group, int64_t sub_group) {
   } else if (slot && slot->state == Impl::SlotState::writing) {
     ++m.stats.prefetched;  // still in memory: its write ends first
     m.settle_io(*slot);
+  } else if (slot && m.file->completed(slot->ticket)) {
+    ++m.stats.prefetched;  // read ahead, and the read is done: verified now
+    m.settle_io(*slot);
   } else {
     ++m.stats.waited_reads;
     if (!slot) {
@@ -336,7 +339,18 @@ int64_t NvmeStateStore::state_bytes() const {
   return n;
 }
 
-void NvmeStateStore::flush() { impl_->wait_all(); }
+void NvmeStateStore::flush() {
+  auto& m = *impl_;
+  m.wait_all();
+  if (m.paged_in) return;
+  // The next step starts at the first sub-group: read the first records now, behind the next
+  // forward and backward, into the buffers that hold the last ones (a pass in step order would
+  // evict those before their turn). Their I/O errors surface at their acquire.
+  const int64_t first = std::min<int64_t>(int64_t(m.pieces.size()), int64_t(m.slots.size()));
+  for (auto& slot : m.slots)
+    if (slot.state == Impl::SlotState::ready && slot.piece >= first) slot.state = Impl::SlotState::free, slot.piece = -1;
+  if (!m.pieces.empty()) m.read_ahead(int64_t(m.pieces.size()) - 1);
+}
 
 int64_t NvmeStateStore::buffer_bytes() const {
   int64_t n = 0;

@@ -41,7 +41,7 @@ struct NvmeStoreOptions {
 struct NvmeStoreStats {
   io::IoCounters io;
   int64_t prefetched = 0;   // acquires whose record was already read (or still in memory)
-  int64_t waited_reads = 0; // acquires that had to read, or wait for a read in flight
+  int64_t waited_reads = 0; // acquires that had to read, or wait for a read still in flight
   double read_wait_s = 0;   // time acquire() waited for reads
   double write_wait_s = 0;  // time spent waiting for writes to free a buffer
 };
@@ -66,7 +66,8 @@ class NvmeStateStore final : public StateStore {
   int64_t state_bytes() const override;
 
   // Waits for every read and write in flight (the optimizer-shard at the end of a step: a step
-  // returns with its states in the file).
+  // returns with its states in the file), then starts reading the first sub-groups' records for
+  // the next step into the buffers, so that their reads hide behind its forward and backward.
   void flush();
 
   int64_t buffer_bytes() const;  // the records' buffers

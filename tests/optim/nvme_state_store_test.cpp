@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 #include "core/optim/nvme_state_store.h"
@@ -258,4 +259,27 @@ TEST_CASE("A swap file truncated or changed behind the store's back is an error 
       CHECK_THAT(e.what(), Catch::Contains(path) && Catch::Contains("truncated"));
     }
   }
+}
+
+TEST_CASE("A flush reads the next step's first records ahead, and the next steps stay bit for bit", "[nvme]") {
+  // 2,000-element sub-groups: 7 records, 4 buffers. After a flush the first 4 are read (or kept)
+  // before the next step asks for them; the three after them are read while it steps.
+  const Model m(2000, {10007, 1500});
+  const auto k = adamw();
+  auto reference = memory_store(m, *k);
+  auto store = nvme_store(m, *k, swap_path("flush_ahead"), 4);
+  Workspace ws;
+  for (int64_t number = 1; number <= 3; ++number) {
+    step(*reference, m, *k, number, ws);
+    // A forward and backward's time: the reads the last flush started complete.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto before = store->stats();
+    step(*store, m, *k, number, ws);
+    store->flush();
+    const auto after = store->stats();
+    INFO("step " << number << ": prefetched " << after.prefetched - before.prefetched << ", waited "
+                 << after.waited_reads - before.waited_reads);
+    if (number > 1) CHECK(after.prefetched - before.prefetched >= 4);
+  }
+  expect_same(*reference, *store, m.partitions.size());
 }
