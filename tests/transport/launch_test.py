@@ -79,6 +79,48 @@ class Env(unittest.TestCase):
         self.assertNotIn("OMP_NUM_THREADS=", r.stdout)  # the caller's own values pass through untouched
         self.assertNotIn("OPENBLAS_NUM_THREADS=", r.stdout)
 
+    def test_bind_cores_to_rank(self):
+        # Each rank bound to its own share of the launcher's CPUs before exec, OMP_NUM_THREADS its size.
+        allowed = sorted(os.sched_getaffinity(0))
+        show = "echo BIND $RANK $OMP_NUM_THREADS $TESSERA_CPU_LIST $(grep Cpus_allowed_list /proc/self/status | cut -f2)"
+        env = {"OMP_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": ""}
+        e = {k: v for k, v in os.environ.items() if k not in env}
+        if len(allowed) >= 2:
+            r = subprocess.run([sys.executable, LAUNCH, "--nproc-per-node", "2", "--master-port", "29779",
+                                "--bind-cores-to-rank", "--", "sh", "-c", show], capture_output=True, text=True,
+                               timeout=60, env=e)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            lines = sorted(l.split("BIND ")[1].split() for l in r.stdout.splitlines() if "BIND" in l)
+            self.assertEqual([l[0] for l in lines], ["0", "1"], r.stdout)
+            sets = []
+            for rank, threads, listed, bound in lines:
+                cpus = set()
+                for part in bound.split(","):  # the kernel's own list: ranges like 0-3
+                    lo, _, hi = part.partition("-")
+                    cpus.update(range(int(lo), int(hi or lo) + 1))
+                self.assertEqual(sorted(cpus), [int(c) for c in listed.split(",")], r.stdout)
+                self.assertEqual(int(threads), len(cpus), r.stdout)
+                sets.append(cpus)
+            self.assertFalse(sets[0] & sets[1], r.stdout)
+            self.assertTrue((sets[0] | sets[1]) <= set(allowed), r.stdout)
+        r = launch(["--nproc-per-node", "1", "--bind-cores-to-rank", "--bind-core-list", str(allowed[-1]), "--",
+                    "sh", "-c", show])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"BIND 0 ", r.stdout)
+        self.assertIn(f" {allowed[-1]} {allowed[-1]}", r.stdout)
+        # More ranks than cores, CPUs the launcher may not use, a bad list, a list without the flag.
+        r = launch(["--nproc-per-node", str(len(allowed) + 1), "--bind-cores-to-rank", "--", "true"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(f"{len(allowed) + 1} ranks on this node but", r.stderr)
+        r = launch(["--nproc-per-node", "1", "--bind-cores-to-rank", "--bind-core-list", f"{max(allowed) + 1}", "--", "true"])
+        self.assertIn("are not available to this launcher", r.stderr)
+        r = launch(["--nproc-per-node", "1", "--bind-cores-to-rank", "--bind-core-list", "3-1", "--", "true"])
+        self.assertIn("'3-1' is not a range of CPU numbers", r.stderr)
+        r = launch(["--nproc-per-node", "1", "--bind-core-list", "0", "--", "true"])
+        self.assertIn("--bind-core-list needs --bind-cores-to-rank", r.stderr)
+        r = launch(["--nproc-per-node", "1", "--launcher", "openmpi", "--bind-cores-to-rank", "--dry-run", "prog"])
+        self.assertIn("use its own binding", r.stderr)
+
     def test_multi_node_ranks(self):
         # Node 1 of 2 with 2 ranks per node holds global ranks 2 and 3.
         r = launch(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "10.1.2.3",

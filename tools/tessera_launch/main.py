@@ -57,6 +57,7 @@ import sys
 
 from .accelerate_config import MULTINODE_LAUNCHERS, read_accelerate_config
 from .common import PROG, SECRET_VAR, die, port_variables, store_secret
+from .cores import cpu_list_text, rank_cpu_sets
 from .external import external_env
 from .hostfile import is_local_host, parse_hostfile, select_resources, world_from_resources
 from .nodes import launch_nodes
@@ -87,6 +88,10 @@ def build_parser():
     p.add_argument("--grace-period", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL (default 30: room for a step and a checkpoint save)")
     p.add_argument("--heartbeat-timeout", type=float, default=8.0,
                    help="end the job when a rank that beats falls silent this long (seconds; 0 = never; default 8)")
+    p.add_argument("--bind-cores-to-rank", "--bind_cores_to_rank", dest="bind_cores_to_rank", action="store_true",
+                   help="bind each rank of a node to its own share of the node's cores (OMP_NUM_THREADS = its share)")
+    p.add_argument("--bind-core-list", "--bind_core_list", dest="bind_core_list", default=None,
+                   help="the cores --bind-cores-to-rank shares out, e.g. '0-15,32-47' (default: all this launcher may use)")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
     p.add_argument("--launcher", choices=LAUNCHERS, default=None,
                    help="multi-node launcher (default auto: pdsh when installed, else ssh)")
@@ -200,6 +205,11 @@ def main(argv):
             return started
     launcher = args.launcher or "auto"
     master_port = args.master_port or 29500
+    if args.bind_core_list and not args.bind_cores_to_rank:
+        die("--bind-core-list needs --bind-cores-to-rank")
+    if args.bind_cores_to_rank and launcher in MPI_LAUNCHERS:
+        die(f"--bind-cores-to-rank: with --launcher {launcher} the MPI launcher starts the ranks; use its own "
+            "binding (mpirun --bind-to core, srun --cpu-bind=cores) through --launcher-args")
     if launcher in MPI_LAUNCHERS:
         return launch_mpi(args, job, program, master_port)
     master_addr = args.master_addr or "127.0.0.1"
@@ -247,15 +257,19 @@ def main(argv):
 
     ranks = []
     secret = store_secret()
+    cpu_sets = rank_cpu_sets(len(local), args.bind_core_list) if args.bind_cores_to_rank else None
     for rank, local_rank, slots in local:
         extra = {
             "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(len(local)), "MASTER_ADDR": master_addr, **port_variables(master_port),
             "TESSERA_JOB": job,
         }
+        if cpu_sets:  # the supervisor binds the rank to these before it execs the program
+            extra["TESSERA_CPU_LIST"] = cpu_list_text(cpu_sets[local_rank])
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             if var not in os.environ:
-                extra[var] = str(max(1, (os.cpu_count() or 1) // len(local)))
+                share = len(cpu_sets[local_rank]) if cpu_sets else (os.cpu_count() or 1) // len(local)
+                extra[var] = str(max(1, share))
         if world is not None and (len(slots) != max(slots) + 1 or slots != sorted(slots)):
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
         ranks.append((rank, local_rank, extra))

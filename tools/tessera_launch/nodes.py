@@ -33,6 +33,10 @@ def launch_nodes(args, world, world_size, master_addr, master_port, job, program
                "--secret-file", secret_file]
         if args.no_prefix:
             cmd.append("--no-prefix")
+        if args.bind_cores_to_rank:
+            cmd.append("--bind-cores-to-rank")
+            if args.bind_core_list:
+                cmd += ["--bind-core-list", args.bind_core_list]
         return f"cd {shlex.quote(cwd)} && {exports} {shlex.join(cmd + ['--'] + program)}"
 
     use_pdsh = args.launcher == "pdsh" or (args.launcher in (None, "auto") and shutil.which("pdsh"))

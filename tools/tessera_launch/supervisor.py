@@ -86,9 +86,12 @@ class Supervisor:
                 ours, theirs = socket.socketpair()
                 env["TESSERA_HEARTBEAT_FD"] = str(theirs.fileno())
                 fds = (theirs.fileno(),)
+            cpus = [int(c) for c in extra["TESSERA_CPU_LIST"].split(",")] if extra.get("TESSERA_CPU_LIST") else None
             try:
+                # Bound before exec (--bind-cores-to-rank): every thread the program starts inherits it.
                 p = subprocess.Popen(self.program, env=env, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, pass_fds=fds)
+                                     start_new_session=True, pass_fds=fds,
+                                     preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None)
             except OSError as e:
                 self.kill_all(signal.SIGKILL)
                 die(f"cannot start rank {rank}: {self.program[0]}: {e.strerror}", 127)
