@@ -5,6 +5,7 @@
 //     1-3, fp32 and bf16, with gradient accumulation, clipping, sub-groups smaller than a partition
 //     and several aio settings; nothing of the optimizer in device or host memory but the buffers;
 //   - checkpoints saved from the swap file and loaded into it (paged in and written back);
+//   - offload_states/reload_states around it (weights and gradients to host memory and back);
 //   - a crashed run's leftover swap file is replaced, not trusted; the file goes with the engine;
 //   - bad input: nvme_path missing or not a directory (ConfigError naming it), a swap file truncated
 //     behind the engine's back (OffloadError naming it, the weights unchanged);
@@ -186,6 +187,26 @@ TEST_CASE("Checkpoints move between NVMe-offloaded and on-device optimizers bit 
     const auto diff = differing(buffers(*uninterrupted), buffers(*second_half));
     INFO(diff.size() << " buffers differ, first " << first(diff));
     CHECK(diff.empty());
+  }
+}
+
+TEST_CASE("offload_states and reload_states around an NVMe-offloaded optimizer: unchanged bits", "[nvme][offload_states]") {
+  // Colocated RL with the optimizer on NVMe: weights and gradients go to host memory and back; the
+  // masters and states stay in the swap file. Training on equals a run that never offloaded.
+  const auto dir = fresh_dir("offload_states");
+  for (int stage : {2, 3}) {
+    INFO("stage " << stage);
+    Setup plain{stage, kBf16};
+    auto a = trainee(), b = trainee();
+    auto reference = engine_for(a, plain);
+    auto on_nvme = engine_for(b, nvme(plain, dir));
+    train(*reference, a, 0, 2);
+    train(*on_nvme, b, 0, 2);
+    const auto moved = on_nvme->offload_states();
+    CHECK(moved.total() > 0);
+    on_nvme->reload_states();
+    CHECK(train(*reference, a, 2, 4) == train(*on_nvme, b, 2, 4));
+    CHECK(differing(buffers(*reference), buffers(*on_nvme)).empty());
   }
 }
 
