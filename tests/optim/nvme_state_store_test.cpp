@@ -201,20 +201,28 @@ TEST_CASE("Host memory stays within the buffers for states several times larger"
   }, options);
   Workspace ws;
   const auto grad = torch::full({sub}, 1e-3f);
-  for (int64_t s = 0; s < n / sub; ++s) {
-    auto state = store.acquire(0, s);
-    k->step(state.master, grad, state.states, 1, k->default_hyperparameters(), ws);
-    store.release(0, s);
-  }
-  const int64_t grown = rss_bytes() - before;
-  INFO("RSS grew by " << grown / 1e6 << " MB; states " << store.file_bytes() / 1e6 << " MB, buffers "
-                      << store.buffer_bytes() / 1e6 << " MB");
+  auto step_all = [&](int64_t t) {
+    for (int64_t s = 0; s < n / sub; ++s) {
+      auto state = store.acquire(0, s);
+      k->step(state.master, grad, state.states, t, k->default_hyperparameters(), ws);
+      store.release(0, s);
+    }
+    store.flush();
+  };
+  step_all(1);  // the fill and one step: the allocator now keeps what sub-group-sized temporaries need
+  const int64_t after_first = rss_bytes();
+  step_all(2);
+  step_all(3);
+  const int64_t grown = rss_bytes() - before, grown_later = rss_bytes() - after_first;
+  INFO("RSS grew by " << grown / 1e6 << " MB (" << grown_later / 1e6 << " MB in steps 2-3); states "
+                      << store.file_bytes() / 1e6 << " MB, buffers " << store.buffer_bytes() / 1e6 << " MB");
   CHECK(store.file_bytes() == 3 * n * 4);
   CHECK(store.buffer_bytes() == 4 * 3 * sub * 4);
-  // The buffers, and the allocator's keep of sub-group-sized temporaries (the fill's, the kernel's
-  // workspace): measured 23 MB over the buffers; never the 192 MiB.
-  CHECK(grown < store.buffer_bytes() + (32 << 20));
-  CHECK(grown < store.file_bytes() / 3);
+  // Two more passes over 32 sub-groups add nothing: no sub-group's record stays behind in memory.
+  // (What the first pass leaves, the buffers and the allocator's keep of temporaries, depends on
+  // the machine's threads and arenas: 48 MB here, 67 MB on a CI machine; never the 192 MiB.)
+  CHECK(grown_later < sub * 4);
+  CHECK(grown < store.file_bytes() / 2);
 }
 
 TEST_CASE("A swap file truncated or changed behind the store's back is an error naming it", "[nvme]") {
