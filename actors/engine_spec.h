@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 
+#include "actors/update_timing.h"
 #include "core/io/uring_file.h"
 #include "core/zero/sharding_plan.h"
 
@@ -30,6 +31,7 @@ struct OptimizerOffload {
                             // with nvme also the sub-group records in host memory (>= 3 used)
   std::string nvme_path;    // nvme: the directory of the swap files
   io::AioSettings aio;      // nvme: how the swap files are read and written
+  UpdateTiming update = UpdateTiming::in_step;
   bool off_device() const { return placement != StatePlacement::device; }
 };
 

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "actors/actor_runtime.h"
+#include "actors/final_sub_groups.h"
 #include "actors/parked_reply.h"
 #include "core/elapsed.h"
 #include "core/error.h"
@@ -40,14 +41,88 @@ struct ReducerState {
   std::map<size_t, StagedBucket> arrived;  // partitioned: staged, not issued yet
   size_t next = 0;                  // next bucket to issue
   bool active = false;
+  // The partition range a finished reduction wrote (update during backward; length 0: none).
+  struct Written {
+    int64_t backward = -1;
+    int64_t group = 0;
+    int64_t begin = 0;
+    int64_t length = 0;
+  };
   struct Issued {
     std::shared_ptr<transport::Work> work;
     std::function<void()> finish;  // runs after the work completed (may be empty)
+    Written written = {};
   };
   std::deque<Issued> issued;        // in issue order, not finished yet
   std::exception_ptr error;         // the first failure since the last finish/zero
   bool polling = false;
   zero::ParkedStorages parked;      // offload_states: the gradient buffers in host memory
+  // Update during backward (stages 2/3 with an offloaded optimizer): which sub-groups are final,
+  // those not handed to the optimizer-shard yet, and its requests waiting for one.
+  bool tracks_finals = false;
+  int64_t backward = 0;             // counts reducing backwards: a write counts for its own only
+  FinalSubGroups finals;
+  std::deque<std::pair<FinalSubGroups::Key, bool>> final_queue;  // and whether settle made it final
+  std::deque<caf::typed_response_promise<FinalGradients>> waiting;
+  bool settled = false;             // this backward's every sub-group is final
+
+  // The written ranges of one backward, per flat group (what FinalSubGroups expects).
+  std::vector<std::vector<FinalSubGroups::Range>> written_ranges() const {
+    std::vector<std::vector<FinalSubGroups::Range>> out(plan().groups().size());
+    if (mode() == zero::GradientMode::reduce_to_owner) {
+      for (const auto& b : plan().buckets().buckets)
+        if (b.owner == spec->rank) {
+          const int64_t base = plan().groups()[size_t(b.group)].layout.partition_begin(b.owner);
+          out[size_t(b.group)].push_back({b.begin - base, b.end - base});
+        }
+    } else if (mode() == zero::GradientMode::unit_reduce_scatter) {
+      for (const auto& seg : plan().segments())
+        out[size_t(seg.group)].push_back({seg.partition_offset, seg.partition_offset + seg.layout.partition_numel});
+    }
+    return out;
+  }
+
+  void written(const Written& w) {
+    if (!tracks_finals || w.length <= 0 || w.backward != backward) return;
+    std::vector<FinalSubGroups::Key> now;
+    finals.cover(w.group, w.begin, w.length, now);
+    for (const auto& k : now) final_queue.push_back({k, false});
+    serve();
+  }
+
+  // Hands final sub-groups to waiting requests, oldest first.
+  void serve() {
+    while (!final_queue.empty() && !waiting.empty()) {
+      const auto [key, at_settle] = final_queue.front();
+      final_queue.pop_front();
+      FinalGradients out;
+      out.group = key.group, out.sub = key.sub, out.at_settle = at_settle;
+      try {
+        const auto& sub = plan().groups().at(size_t(key.group)).sub_groups.at(size_t(key.sub));
+        out.gradients = reduced[size_t(key.group)].narrow(0, sub.begin, sub.elements());
+        if (fp32[size_t(key.group)].defined()) {  // finish_step copies the whole partition again: the same bits
+          auto range = fp32[size_t(key.group)].narrow(0, sub.begin, sub.elements());
+          range.copy_(out.gradients);
+          out.gradients = range;
+        }
+      } catch (...) {
+        out.error = std::current_exception();
+      }
+      waiting.front().deliver(std::move(out));
+      waiting.pop_front();
+    }
+  }
+
+  // Every reduction issued so far finished: every sub-group is final.
+  void settle() {
+    drain();
+    if (!tracks_finals || settled) return;
+    settled = true;
+    std::vector<FinalSubGroups::Key> rest;
+    finals.settle(rest);
+    for (const auto& k : rest) final_queue.push_back({k, true});
+    serve();
+  }
 
   const zero::ShardingPlan& plan() const { return *spec->plan; }
   zero::GradientMode mode() const { return plan().gradient_mode(); }
@@ -56,6 +131,8 @@ struct ReducerState {
   // ZeRO-3: a staged chunk reduce-scattered (averaged) into its piece, which is added into the
   // partition; then the slot goes back.
   void reduce_chunk(const StagedChunk& staged) {
+    const Written write{backward, seg_group(staged.segment), plan().segments().at(size_t(staged.segment)).partition_offset + staged.begin,
+                        staged.length};
     auto staging_ref = unit_staging;
     const int slot = staged.slot;
     const auto& seg = plan().segments().at(size_t(staged.segment));
@@ -63,6 +140,7 @@ struct ReducerState {
     if (!comm) {  // one rank: its gradients are their own average
       slice.add_(staged.data);
       staging_ref->give_back(slot);
+      written(write);
       return;
     }
     transport::ReduceOptions average;
@@ -75,10 +153,12 @@ struct ReducerState {
       staging_ref->give_back(slot);
       throw;
     }
-    issued.push_back({std::move(work), [slice, piece, staging_ref, slot]() mutable {
+    issued.push_back({std::move(work),
+                      [slice, piece, staging_ref, slot]() mutable {
                         slice.add_(piece);
                         staging_ref->give_back(slot);
-                      }});
+                      },
+                      write});
   }
 
   // The gradients a group's stages-0/1 buckets are read from.
@@ -90,7 +170,15 @@ struct ReducerState {
     grad.zero_();
   }
 
+  int64_t seg_group(int64_t segment) const { return plan().segments().at(size_t(segment)).group; }
+
   void start() {
+    ++backward;
+    if (tracks_finals) {
+      finals.start();
+      final_queue.clear();
+      settled = false;
+    }
     const auto& buckets = plan().buckets();
     missing.assign(buckets.buckets.size(), 0);
     for (size_t k = 0; k < buckets.buckets.size(); ++k) missing[k] = int64_t(buckets.buckets[k].params.size());
@@ -115,10 +203,12 @@ struct ReducerState {
       StagedBucket staged = std::move(arrived.at(k));
       arrived.erase(k);
       std::function<void()> finish;
+      Written write;
       auto staging_ref = staging;
       const int slot = staged.slot;
       if (bucket.owner == spec->rank) {
         const int64_t base = plan().groups()[g].layout.partition_begin(bucket.owner);
+        write = {backward, int64_t(g), bucket.begin - base, bucket.elements()};
         auto slice = reduced[g].narrow(0, bucket.begin - base, bucket.elements());
         auto data = staged.data;
         finish = [slice, data, staging_ref, slot]() mutable {
@@ -129,7 +219,7 @@ struct ReducerState {
         finish = [staging_ref, slot] { staging_ref->give_back(slot); };
       }
       try {
-        issued.push_back({comm->reduce(staged.data, bucket.owner, average), std::move(finish)});
+        issued.push_back({comm->reduce(staged.data, bucket.owner, average), std::move(finish), write});
       } catch (...) {
         staging->give_back(slot);
         throw;
@@ -180,6 +270,7 @@ struct ReducerState {
       fail(std::current_exception());
     }
     if (item.finish) item.finish();
+    written(item.written);
   }
 
   // Everything issued so far, finished (a failure is kept in `error`).
@@ -406,6 +497,30 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
         });
       },
       [=](unpark_atom) -> Parked { return parked_reply([&] { return self->state.parked.unpark(); }); },
+      [=](next_final_atom) -> caf::typed_response_promise<FinalGradients> {
+        auto& s = self->state;
+        auto promise = self->make_response_promise<FinalGradients>();
+        if (!s.tracks_finals || (s.settled && s.final_queue.empty())) {
+          FinalGradients none;
+          none.error = std::make_exception_ptr(Error(s.tracks_finals ? "gradient-reducer: every sub-group of this backward was handed out already"
+                                                                     : "gradient-reducer: this engine does not update during backward"));
+          promise.deliver(std::move(none));
+          return promise;
+        }
+        s.waiting.push_back(promise);
+        s.serve();
+        return promise;
+      },
+      [=](settle_atom) -> Done {
+        Done done;
+        auto& s = self->state;
+        try {
+          s.settle();
+        } catch (...) {
+          done.error = std::current_exception();
+        }
+        return done;
+      },
   };
 }
 
@@ -444,6 +559,15 @@ gradient_reducer_actor spawn_gradient_reducer(std::shared_ptr<const EngineSpec> 
   s->staging = std::move(staging);
   s->unit_staging = unit_staging;
   s->comm = std::move(comm);
+  s->tracks_finals = s->spec->optimizer_offload.update == UpdateTiming::during_backward && plan.staged_gradients();
+  if (s->tracks_finals) {
+    std::vector<std::vector<FinalSubGroups::Range>> subs;
+    for (const auto& g : plan.groups()) {
+      subs.emplace_back();
+      for (const auto& sub : g.sub_groups) subs.back().push_back({sub.begin, sub.end});
+    }
+    s->finals = FinalSubGroups(std::move(subs), s->written_ranges());
+  }
   auto staging_ref = s->staging;  // the actor empties `s` on its own thread
   auto actor = actor_system().spawn<caf::detached>(reducer, std::move(s));
   if (staging_ref) staging_ref->connect(actor);

@@ -30,6 +30,15 @@ struct OptimizerShardState {
   int64_t staging_bytes = 0;
   zero::ParkedStorages parked;  // offload_states: masters and states moved to host memory
   optim::NvmeStateStore* nvme = nullptr;  // the store, when it is the NVMe one
+  // Update during backward: the boundary backward's early updates, until step() ends them.
+  struct Early {
+    bool started = false;
+    std::vector<optim::StepHyperparameters> hyperparameters;  // what the updates used
+    int64_t updated = 0;            // sub-groups updated
+    int64_t final_before_step = 0;  // of them, final before step() settled the reductions
+    double update_s = 0, wait_s = 0, copy_s = 0;
+    std::exception_ptr error;
+  } early;
 
   // Every collective behind a request has its own timeout; this bound only guards against a lost actor.
   std::chrono::milliseconds bound() const { return 3 * spec->timeout + std::chrono::seconds(10); }
@@ -150,6 +159,138 @@ struct OptimizerShardState {
     ++updates;
   }
 
+  // Update during backward: while the boundary backward runs, each sub-group the reducer names
+  // final comes to the host (one staging slot: the backward is what this overlaps) and the kernel
+  // steps its host master; the weights stay as they are (backward still reads them) until
+  // write_back() in step(). Same gradients, same kernel, same step count: the bits of
+  // update_offloaded().
+  void update_during_backward(const StepRequest& request) {
+    early = Early{};
+    early.started = true;
+    early.hyperparameters = request.hyperparameters;
+    size_t pieces = 0;
+    for (size_t g = 0; g < sub_groups.size(); ++g) {
+      pieces += sub_groups[g].size();
+      const auto& planned = spec->plan->groups()[g].sub_groups;  // what the reducer names
+      bool same = planned.size() == sub_groups[g].size();
+      for (size_t k = 0; same && k < planned.size(); ++k)
+        same = planned[k].begin == sub_groups[g][k].first && planned[k].end == sub_groups[g][k].second;
+      if (!same) {
+        early.error = std::make_exception_ptr(Error(
+            "tessera.offload.optimizer_during_backward: parameter group " + std::to_string(spec->plan->groups()[g].param_group) +
+            "'s optimizer steps whole partitions (a client optimizer run by its own step()); it cannot update sub-groups "
+            "during backward"));
+        return;
+      }
+    }
+    caf::scoped_actor self{actor_system()};
+    auto fail = [&](const char* what) {
+      return [&, what](caf::error& e) {
+        if (!early.error)
+          early.error = std::make_exception_ptr(Error(std::string("optimizer-shard (update during backward): the ") + what +
+                                                      " did not answer: " + actor_system().render(e)));
+      };
+    };
+    for (size_t i = 0; i < pieces && !early.error; ++i) {
+      FinalGradients final;
+      auto t0 = std::chrono::steady_clock::now();
+      self->request(reducer, bound(), next_final_atom::value).receive([&](FinalGradients& f) { final = std::move(f); },
+                                                                        fail("gradient-reducer"));
+      early.wait_s += seconds_since(t0);
+      if (early.error) break;
+      if (final.error) {
+        early.error = final.error;
+        break;
+      }
+      const size_t g = size_t(final.group), sub = size_t(final.sub);
+      if (g >= sub_groups.size() || sub >= sub_groups[g].size() ||
+          final.gradients.numel() != sub_groups[g][sub].second - sub_groups[g][sub].first) {
+        early.error = std::make_exception_ptr(Error("optimizer-shard (update during backward): sub-group " + std::to_string(sub) +
+                                                    " of group " + std::to_string(g) + " is not one of this shard's"));
+        break;
+      }
+      HostGradients host;
+      t0 = std::chrono::steady_clock::now();
+      self->request(offload, bound(), to_host_atom::value, GradientsToHost{0, final.gradients})
+          .receive([&](HostGradients& h) { host = std::move(h); }, fail("offload actor"));
+      early.wait_s += seconds_since(t0);
+      if (early.error) break;
+      if (host.error) {
+        early.error = host.error;
+        break;
+      }
+      early.copy_s += host.copy_s;
+      t0 = std::chrono::steady_clock::now();
+      try {
+        const auto& hp = request.hyperparameters.at(size_t(spec->plan->groups()[g].param_group));
+        auto state = store->acquire(int64_t(g), int64_t(sub));
+        kernels[g]->step(state.master, host.host, state.states, updates + 1, hp, workspace);
+        store->release(int64_t(g), int64_t(sub));
+      } catch (...) {
+        early.error = std::current_exception();
+      }
+      early.update_s += seconds_since(t0);
+      ++early.updated;
+      if (!final.at_settle) ++early.final_before_step;
+    }
+  }
+
+  // After update_during_backward(): every sub-group's updated host master into the device's
+  // parameter partition (rounded by the offload actor), up to staging_slots copies in flight.
+  void write_back(const Buffers& parameters, StepReport& report) {
+    caf::scoped_actor self{actor_system()};
+    std::exception_ptr failure;
+    using Leaving = decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}));
+    std::deque<std::pair<Leaving, std::pair<size_t, size_t>>> leaving;
+    auto weights_left = [&] {
+      auto& [request, piece] = leaving.front();
+      request.receive([&](Done& d) {
+        if (d.error && !failure) failure = d.error;
+      }, [&](caf::error& e) {
+        if (!failure) failure = std::make_exception_ptr(Error("optimizer-shard: the offload actor did not answer (weights to "
+                                                              "the device): " + actor_system().render(e)));
+      });
+      store->release(int64_t(piece.first), int64_t(piece.second));
+      leaving.pop_front();
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t i = 0;
+    for (size_t g = 0; g < sub_groups.size() && !failure; ++g)
+      for (size_t sub = 0; sub < sub_groups[g].size() && !failure; ++sub, ++i) {
+        const auto [begin, end] = sub_groups[g][sub];
+        auto state = store->acquire(int64_t(g), int64_t(sub));
+        WeightsToDevice out{i % staging_slots, state.master, parameters.tensors.at(g).narrow(0, begin, end - begin)};
+        leaving.emplace_back(self->request(offload, bound(), to_device_atom::value, std::move(out)), std::make_pair(g, sub));
+        while (leaving.size() >= size_t(staging_slots) && !failure) weights_left();
+      }
+    while (!leaving.empty()) weights_left();
+    report.offload_wait_s += seconds_since(t0);
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  // step() after update_during_backward(): the same request, every sub-group updated once.
+  void finish_early(const StepRequest& request, const Buffers& parameters, StepReport& report) {
+    auto e = std::exchange(early, Early{});
+    if (e.error) std::rethrow_exception(e.error);
+    size_t pieces = 0;
+    for (const auto& g : sub_groups) pieces += g.size();
+    if (e.updated != int64_t(pieces))
+      throw Error("optimizer-shard (update during backward): " + std::to_string(e.updated) + " of " + std::to_string(pieces) +
+                  " sub-groups were updated");
+    for (size_t g = 0; g < request.hyperparameters.size(); ++g) {
+      const auto &a = request.hyperparameters[g], &b = e.hyperparameters.at(g);
+      if (a.lr != b.lr || a.beta1 != b.beta1 || a.beta2 != b.beta2)
+        throw Error("step: parameter group " + std::to_string(g) + "'s lr or betas changed between the boundary backward and "
+                    "step() (lr " + std::to_string(b.lr) + " -> " + std::to_string(a.lr) + "); with "
+                    "tessera.offload.optimizer_during_backward the update began with the values of the backward's start");
+    }
+    write_back(parameters, report);
+    report.offload_wait_s += e.wait_s;
+    report.offload_copy_s = e.copy_s;
+    report.final_before_step = e.final_before_step;
+    ++updates;
+  }
+
   static SwapStepStats swap_step(const optim::NvmeStoreStats& before, const optim::NvmeStoreStats& after) {
     SwapStepStats d;
     d.bytes_read = after.io.bytes_read - before.io.bytes_read;
@@ -193,7 +334,9 @@ struct OptimizerShardState {
     if (!ready.overflow) {
       auto t0 = std::chrono::steady_clock::now();
       auto parameters = checked(ask<Buffers>(parameter_shard, bound(), "parameter-shard (partitions)", partitions_atom::value));
-      if (offload)
+      if (early.started)
+        finish_early(request, parameters, report);
+      else if (offload)
         update_offloaded(request, ready, parameters, report);
       else
         update(request, ready, parameters);
@@ -224,6 +367,7 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
           require_unparked(self->state.parked, "step");
           return self->state.step(request);
         } catch (...) {
+          self->state.early = {};  // an update during backward ends with its step, also a failed one
           StepReport report;
           report.error = std::current_exception();
           return report;
@@ -284,6 +428,16 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
         });
       },
       [=](unpark_atom) -> Parked { return parked_reply([&] { return self->state.parked.unpark(); }); },
+      [=](early_atom, const StepRequest& request) {
+        auto& s = self->state;
+        if (!s.offload || s.nvme) {
+          s.early = {};
+          s.early.started = true;
+          s.early.error = std::make_exception_ptr(Error("optimizer-shard: updates during backward need optimizer offload to cpu"));
+          return;
+        }
+        s.update_during_backward(request);  // its errors are step()'s
+      },
   };
 }
 

@@ -18,6 +18,9 @@
 //                                gradient partitions are lent to the optimizer until `zero`
 //   <- zero -> Done              wait for everything issued, zero the gradients
 //   <- memory -> int64_t         bytes of gradients held (buffers, staging, .grad)
+//   <- next_final -> FinalGradients   stages 2/3: the next sub-group of this rank's partition whose
+//                                gradients are final in this backward (replied when there is one)
+//   <- settle -> Done            wait for everything issued; every sub-group is final now
 // parameter-shard (owns the flat parameter buffers; the only issuer on the parameter communicator)
 //   <- partitions -> Buffers     this rank's partitions, lent to the optimizer until `gather`
 //   <- gather -> Done            all-gather the updated partitions into every rank's buffers
@@ -42,6 +45,10 @@
 //   <- states -> OptimizerStates         masters and states (storage maps, memory; between steps)
 //   <- refresh(RefreshRequest) -> Done  the fp32 masters := the parameters' partitions over
 //                                        those ranges (after a write-back)
+//   <- early(StepRequest)                optimizer offload, update during backward: the boundary
+//                                        backward started; update each sub-group the reducer
+//                                        names final (next_final) until every one is; step()
+//                                        then writes the weights back
 // offload (owns the host staging buffers of optimizer offload; moves one sub-group at a time
 // between the device and the host, in the order asked, on its own thread)
 //   <- to_host(GradientsToHost) -> HostGradients   copy a sub-group's reduced gradients into a
@@ -94,6 +101,9 @@ using to_host_atom = caf::atom_constant<caf::atom("to_host")>;
 using to_device_atom = caf::atom_constant<caf::atom("to_device")>;
 using park_atom = caf::atom_constant<caf::atom("park")>;
 using unpark_atom = caf::atom_constant<caf::atom("unpark")>;
+using next_final_atom = caf::atom_constant<caf::atom("nextfinal")>;
+using settle_atom = caf::atom_constant<caf::atom("settle")>;
+using early_atom = caf::atom_constant<caf::atom("early")>;
 
 // ZeRO-3: why a unit is fetched (fetch above). The order indexes Stage3Counters::by_kind.
 enum class FetchKind : uint8_t {
@@ -221,6 +231,17 @@ struct Buffers {
   std::exception_ptr error;
 };
 
+// A sub-group of this rank's partition whose gradients are final in this backward (stages 2/3,
+// update during backward): `gradients` is its range of the partition the optimizer steps (fp32
+// when there is an fp32 master), lent until `zero`.
+struct FinalGradients {
+  int64_t group = 0;
+  int64_t sub = 0;
+  at::Tensor gradients;
+  bool at_settle = false;  // final only when every reduction had finished (settle), not during backward
+  std::exception_ptr error;
+};
+
 struct StepRequest {
   std::vector<optim::StepHyperparameters> hyperparameters;  // per parameter group
   double max_grad_norm = 0.0;  // 0 = no clipping
@@ -246,6 +267,7 @@ struct StepReport {
   double offload_wait_s = 0;    // optimizer offload: waiting for gradients to reach the host (not hidden by updates)
   double offload_copy_s = 0;    // optimizer offload: device<->host copies (hidden or not)
   SwapStepStats swap;           // optimizer offload to NVMe
+  int64_t final_before_step = 0;  // update during backward: sub-groups final before step() (updated early)
   std::exception_ptr error;
 };
 
@@ -319,7 +341,8 @@ using gradient_reducer_actor = caf::typed_actor<
     caf::reacts_to<flush_atom>, caf::reacts_to<reclaim_atom>, caf::reacts_to<poll_atom>,
     caf::replies_to<fold_atom>::with<Done>, caf::replies_to<finish_atom, FinishRequest>::with<GradientsReady>,
     caf::replies_to<zero_atom>::with<Done>, caf::replies_to<memory_atom>::with<ReducerMemory>,
-    caf::replies_to<park_atom, ParkRequest>::with<Parked>, caf::replies_to<unpark_atom>::with<Parked>>;
+    caf::replies_to<park_atom, ParkRequest>::with<Parked>, caf::replies_to<unpark_atom>::with<Parked>,
+    caf::replies_to<next_final_atom>::with<FinalGradients>, caf::replies_to<settle_atom>::with<Done>>;
 
 using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
@@ -337,7 +360,8 @@ using optimizer_shard_actor = caf::typed_actor<caf::replies_to<step_atom, StepRe
                                                caf::replies_to<refresh_atom, RefreshRequest>::with<Done>,
                                                caf::replies_to<restore_atom, OptimizerCounters>::with<Done>,
                                                caf::replies_to<park_atom, ParkRequest>::with<Parked>,
-                                               caf::replies_to<unpark_atom>::with<Parked>>;
+                                               caf::replies_to<unpark_atom>::with<Parked>,
+                                               caf::reacts_to<early_atom, StepRequest>>;
 
 }  // namespace tessera::actors
 
@@ -362,3 +386,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::HostGradients)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::WeightsToDevice)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::ParkRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Parked)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::FinalGradients)

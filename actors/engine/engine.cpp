@@ -84,7 +84,7 @@ void Engine::Impl::stop_actors() {
 
 void Engine::Impl::on_grad_ready(int64_t param) {
   bool reduces = false;
-  if (micro->arm_from_hook(reduces) && reduces) start_reduction();
+  if (micro->arm_from_hook(reduces) && reduces) start_reduction(Trigger::hook);
   switch (spec->gradient_mode()) {
     case zero::GradientMode::unit_reduce_scatter:
       return stage3->grad_ready(param, micro->reducing());  // releases the unit too, reducing or not
@@ -125,7 +125,7 @@ at::Tensor Engine::scale(const at::Tensor& loss) {
   s.require_resident("backward");
   if (!s.gradients_attached())
     throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
-  if (s.micro->arm_backward()) s.start_reduction();
+  if (s.micro->arm_backward()) s.start_reduction(Impl::Trigger::armed);
   const auto gas = s.settings.gradient_accumulation_steps;
   at::Tensor scaled = gas > 1 ? loss / double(gas) : loss;
   // DeepSpeed scales the fp32 loss: (loss / gas).float() * scale.
@@ -143,6 +143,8 @@ void Engine::step() {
                 "the update)");
   if (!s.micro->begin_step(s.scaler.has_value())) return;
   if (s.stage3) s.stage3->release_all();  // a unit kept gathered would not see the update
+  if (std::exchange(s.update_started, false))  // the optimizer-shard updates what is final; now everything is
+    actors::checked(actors::ask<actors::Done>(s.reducer, s.bound(), "step: the gradient-reducer (settle)", actors::settle_atom::value));
   actors::StepRequest request;
   request.hyperparameters = s.hyperparameters();
   request.max_grad_norm = s.settings.max_grad_norm;
@@ -157,6 +159,7 @@ void Engine::step() {
   s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s, report.offload_wait_s, report.offload_copy_s};
   const auto& w = report.swap;
   s.timing.swap = {w.bytes_read, w.bytes_written, w.prefetched, w.waited_reads, w.read_wait_s, w.write_wait_s};
+  s.timing.updated_before_step = report.final_before_step;
   if (report.overflow) ++s.skipped;
   if (s.scaler) {
     const auto update = s.scaler->update(report.overflow);
@@ -173,6 +176,9 @@ void Engine::zero_grad() {
   auto& s = *impl_;
   s.refuse_in_inference("zero_grad");
   s.require_resident("zero_grad");
+  if (s.update_started)
+    throw Error("zero_grad: the update began during this boundary backward (tessera.offload.optimizer_during_backward) "
+                "and cannot be undone; call step() to finish it");
   // The reducer finishes what it issued first (reductions may still be writing the gradients).
   actors::checked(actors::ask<actors::Done>(s.reducer, s.bound(), "zero_grad: the gradient-reducer", actors::zero_atom::value));
   s.micro->zero_grad();
@@ -190,7 +196,7 @@ Engine::Scope Engine::coalesce_grad_reduction() {
   return Scope([s] {
     // One pass over the accumulated gradients: every bucket, in order, once.
     if (s->micro->exit_coalesce()) {
-      s->start_reduction();
+      s->start_reduction(Impl::Trigger::coalesced);
       if (s->reduces_gradients()) s->end_reduction();
       s->micro->end_backward();
     }

@@ -98,6 +98,9 @@ struct StepTiming {
     double read_wait_s = 0;     // reads not hidden by updates
     double write_wait_s = 0;    // writes a buffer had to wait for
   } swap;
+  // tessera.offload.optimizer_during_backward: sub-groups whose gradients were final, and whose
+  // update started, before step() (the rest were updated inside step()).
+  int64_t updated_before_step = 0;
 };
 
 // What the engine holds per rank, in bytes (between steps; transient staging not included).

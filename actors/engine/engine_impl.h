@@ -128,13 +128,28 @@ struct Engine::Impl {
   void on_grad_ready(int64_t param);
   // The end of a backward that fired a hook (autograd's thread): flush, fold or release.
   void on_backward_end();
-  void start_reduction() {
+  // `Trigger::armed`: a backward through backward()/scale(), the one kind whose boundary may start
+  // the update during backward (tessera.offload.optimizer_during_backward).
+  enum class Trigger : uint8_t { armed, hook, coalesced };
+  void start_reduction(Trigger trigger) {
+    const bool early = trigger == Trigger::armed && updates_during_backward() && micro->boundary();
     micro->start_reduction();
     if (!reduces_gradients()) return;
     if (staging) staging->start();
     if (unit_staging) unit_staging->start();
     caf::anon_send(reducer, actors::begin_atom::value);
+    if (early) {  // after begin: the reducer's mailbox holds it before any next_final can arrive
+      actors::StepRequest request;
+      request.hyperparameters = hyperparameters();
+      caf::anon_send(optimizer_shard, actors::early_atom::value, std::move(request));
+      update_started = true;
+    }
   }
+  bool updates_during_backward() const {
+    return spec && spec->optimizer_offload.update == actors::UpdateTiming::during_backward;
+  }
+  // The boundary backward started the update; step() settles the reductions and finishes it.
+  bool update_started = false;
   // The end of a reducing backward: with partitioned gradients everything autograd did not report
   // (unused here, or accumulated in no_sync) is staged too; then every bucket is issued.
   void end_reduction() {

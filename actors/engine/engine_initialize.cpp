@@ -168,6 +168,10 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
     spec->optimizer_offload.nvme_path = settings.optimizer_offload_nvme_path;
     spec->optimizer_offload.aio = settings.aio;
     spec->optimizer_offload.aio.timeout = spec->timeout;
+    spec->optimizer_offload.update = settings.optimizer_update;
+    if (settings.optimizer_update == actors::UpdateTiming::during_backward && settings.stage == 2 && size == 1)
+      throw ConfigError("tessera.offload.optimizer_during_backward: ZeRO stage 2 on one rank reduces nothing bucket by "
+                        "bucket (its gradients are final only when backward ends); use it across ranks or at stage 3");
   }
   return spec;
 }
@@ -326,6 +330,8 @@ std::unique_ptr<Engine::Impl> assemble_engine(EngineSetup& s, std::shared_ptr<to
   // ZeRO-3 reduces every micro-step (into the partition, as stage 2 does), even on one rank.
   impl->micro = std::make_unique<actors::MicroSteps>(s.settings.gradient_accumulation_steps, plan->staged_gradients(),
                                                      s.size > 1 || stage3);
+  if (spec->optimizer_offload.update == actors::UpdateTiming::during_backward)
+    impl->micro->set_boundary_reductions(actors::BoundaryReductions::once);  // the update starts with the first
   if (plan->gradient_mode() == zero::GradientMode::reduce_to_owner)
     impl->staging = std::make_shared<actors::BucketStaging>(spec, parameters);
   impl->inference = inference;

@@ -79,6 +79,25 @@ EngineSettings engine_settings(const config::Config& c) {
       if (::access(o.nvme_path.c_str(), W_OK | X_OK) != 0) throw ConfigError(where + "not writable: " + std::strerror(errno));
     }
   }
+  if (c.tessera.offload.optimizer_during_backward) {
+    // Refused where an update would need every gradient first, or where the early records could
+    // not stay in memory until step() writes the weights back.
+    const auto where = (c.source.empty() ? std::string() : c.source + ": ") + "tessera.offload.optimizer_during_backward: ";
+    const auto device = c.zero_optimization.offload_optimizer.device.value;
+    if (device == config::OffloadDevice::nvme)
+      not_yet(c, "tessera.offload.optimizer_during_backward", "with offload_optimizer.device = \"nvme\", updating during backward");
+    if (device != config::OffloadDevice::cpu)
+      throw ConfigError(where + "needs zero_optimization.offload_optimizer.device = \"cpu\"");
+    if (s.stage < 2)
+      throw ConfigError(where + "needs ZeRO stage 2 or 3 (partitioned gradients, final bucket by bucket); stage " +
+                        std::to_string(s.stage) + " reduces every gradient at the end of backward");
+    if (c.gradient_clipping.value > 0)
+      throw ConfigError(where + "gradient_clipping = " + std::to_string(c.gradient_clipping.value) +
+                        ": clipping scales every gradient by the global norm, known only when backward has ended");
+    if (s.precision == Precision::fp16)
+      throw ConfigError(where + "fp16: the overflow check needs every gradient before any update");
+    s.optimizer_update = UpdateTiming::during_backward;
+  }
   if (c.zero_optimization.offload_param.device.value != config::OffloadDevice::none)
     not_yet(c, "zero_optimization.offload_param.device", "parameter offload");
   if (c.tensor_parallel.autotp_size > 1) not_yet(c, "tensor_parallel.autotp_size", "tensor parallelism");

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/update_timing.h"
 #include "core/config/config.h"
 #include "core/io/uring_file.h"
 #include "core/optim/loss_scaler.h"
@@ -58,6 +59,7 @@ struct EngineSettings {
   int64_t optimizer_offload_buffer_count = 0;
   std::string optimizer_offload_nvme_path;  // device nvme: the swap files' directory (exists, writable)
   io::AioSettings aio;                      // the aio block (device nvme)
+  UpdateTiming optimizer_update = UpdateTiming::in_step;  // tessera.offload.optimizer_during_backward
   int64_t collective_timeout_ms = 0;  // tessera.transport.collective_timeout_ms
 };
 

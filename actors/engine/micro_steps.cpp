@@ -41,6 +41,7 @@ bool MicroSteps::arm_from_hook(bool& reduces) {
 
 void MicroSteps::start_reduction() {
   ++boundary_backwards_;
+  if (boundary()) ++boundary_reductions_;
   reducing_ = distributed_;
 }
 
@@ -72,12 +73,14 @@ void MicroSteps::updated() {
   double_boundary_backward_ = false;
   ++micro_;
   boundary_backwards_ = 0;
+  boundary_reductions_ = 0;
 }
 
 void MicroSteps::zero_grad() {
   unarmed_backward_ = false;
   double_boundary_backward_ = false;
   boundary_backwards_ = 0;
+  boundary_reductions_ = 0;
 }
 
 void MicroSteps::enter_no_sync() {

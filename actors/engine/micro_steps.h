@@ -23,6 +23,10 @@
 
 namespace tessera::actors {
 
+// Reductions in the boundary micro-step with partitioned gradients: they add up, or (the update
+// during backward starts with the first) only one is allowed.
+enum class BoundaryReductions : uint8_t { add_up, once };
+
 class MicroSteps {
  public:
   // `distributed`: more than one data-parallel rank (a single rank reduces nothing).
@@ -63,6 +67,7 @@ class MicroSteps {
   void enter_coalesce();
   // Leaves the block: whether the accumulated gradients must be reduced now.
   bool exit_coalesce();
+  void set_boundary_reductions(BoundaryReductions r) { boundary_reductions_rule_ = r; }
   // A reduction starts now (after arm_backward/arm_from_hook/exit_coalesce said so).
   void start_reduction();
   bool in_block() const { return no_sync_depth_ > 0 || coalescing_; }
@@ -71,13 +76,18 @@ class MicroSteps {
 
  private:
   bool reduces_now() const;
-  bool refuses_second_reduction() const { return !partitioned_ && boundary_backwards_ > 0; }
+  bool refuses_second_reduction() const {
+    return (!partitioned_ && boundary_backwards_ > 0) ||
+           (boundary_reductions_rule_ == BoundaryReductions::once && boundary() && boundary_reductions_ > 0);
+  }
 
   const int64_t accumulation_steps_;
   const bool partitioned_;
   const bool distributed_;
   int64_t micro_ = 0;
   int boundary_backwards_ = 0;  // reducing backwards in the current boundary micro-step
+  int boundary_reductions_ = 0;  // reductions started in a boundary micro-step (since the last update)
+  BoundaryReductions boundary_reductions_rule_ = BoundaryReductions::add_up;
   int no_sync_depth_ = 0;
   bool coalescing_ = false;
   std::atomic<bool> reducing_{false};

@@ -341,11 +341,22 @@ struct CheckpointConfig {
   TESSERA_CONFIG_EQ(CheckpointConfig)
 };
 
+// tessera.offload: how optimizer offload schedules its work (DeepSpeed has no key for this).
+struct TesseraOffloadConfig {
+  // Offload to cpu at stage 2 across ranks or stage 3: each sub-group is updated on the host as
+  // soon as its reduced gradients are final, while backward still runs for earlier layers; the new
+  // weights go back in step(). Needs no clipping and no fp16 (both need every gradient first).
+  bool optimizer_during_backward = false;
+  auto tie() const { return std::tie(optimizer_during_backward); }
+  TESSERA_CONFIG_EQ(TesseraOffloadConfig)
+};
+
 struct TesseraConfig {
   TransportConfig transport;
   RolloutConfig rollout;
   CheckpointConfig checkpoint;
-  auto tie() const { return std::tie(transport, rollout, checkpoint); }
+  TesseraOffloadConfig offload;
+  auto tie() const { return std::tie(transport, rollout, checkpoint, offload); }
   TESSERA_CONFIG_EQ(TesseraConfig)
 };
 

@@ -176,6 +176,10 @@ template <class V> void visit(CheckpointConfig& c, V& v) {
   v.field("sigterm_save_dir", c.sigterm_save_dir);
 }
 
+template <class V> void visit(TesseraOffloadConfig& c, V& v) {
+  v.field("optimizer_during_backward", c.optimizer_during_backward);
+}
+
 template <class V> void visit(AioConfig& c, V& v) {
   v.field("block_size", c.block_size);
   v.field("queue_depth", c.queue_depth);
@@ -188,6 +192,7 @@ template <class V> void visit(TesseraConfig& c, V& v) {
   v.section("transport", c.transport);
   v.section("rollout", c.rollout);
   v.section("checkpoint", c.checkpoint);
+  v.section("offload", c.offload);
 }
 
 // The top level, except optimizer and scheduler, whose `type` decides their params (walked by
