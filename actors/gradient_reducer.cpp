@@ -63,7 +63,20 @@ struct ReducerState {
   int64_t backward = 0;             // counts reducing backwards: a write counts for its own only
   FinalSubGroups finals;
   std::deque<std::pair<FinalSubGroups::Key, bool>> final_queue;  // and whether settle made it final
-  std::deque<caf::typed_response_promise<FinalGradients>> waiting;
+  // The optimizer-shard's requests for the next final sub-group; answered with an error if the
+  // reducer ends first, so that no request outlives it unanswered.
+  struct Waiting : std::deque<caf::typed_response_promise<FinalGradients>> {
+    Waiting() = default;
+    Waiting(Waiting&&) = default;
+    Waiting& operator=(Waiting&&) = default;
+    ~Waiting() {
+      for (auto& promise : *this) {
+        FinalGradients out;
+        out.error = std::make_exception_ptr(Error("gradient-reducer: ended before this backward's gradients were final"));
+        promise.deliver(std::move(out));
+      }
+    }
+  } waiting;
   bool settled = false;             // this backward's every sub-group is final
 
   // The written ranges of one backward, per flat group (what FinalSubGroups expects).
@@ -90,8 +103,20 @@ struct ReducerState {
     serve();
   }
 
-  // Hands final sub-groups to waiting requests, oldest first.
+  // Answers every waiting request with an error (a failed reduction, a new backward, the end): a
+  // request is never left unanswered.
+  void fail_waiting(const std::exception_ptr& e) {
+    for (auto& promise : waiting) {
+      FinalGradients out;
+      out.error = e;
+      promise.deliver(std::move(out));
+    }
+    waiting.clear();
+  }
+
+  // Hands final sub-groups to waiting requests, oldest first; after a failed reduction, its error.
   void serve() {
+    if (error && !waiting.empty()) return fail_waiting(error);  // `error` stays: finish reports it too
     while (!final_queue.empty() && !waiting.empty()) {
       const auto [key, at_settle] = final_queue.front();
       final_queue.pop_front();
@@ -175,6 +200,9 @@ struct ReducerState {
   void start() {
     ++backward;
     if (tracks_finals) {
+      if (!waiting.empty())  // requests of an earlier backward (a timed-out update): not for this one
+        fail_waiting(std::make_exception_ptr(Error("gradient-reducer: a new backward started before the last one's "
+                                                   "sub-groups were handed out")));
       finals.start();
       final_queue.clear();
       settled = false;
@@ -264,13 +292,16 @@ struct ReducerState {
   void finish_front() {
     auto item = std::move(issued.front());
     issued.pop_front();
+    bool completed = true;
     try {
       item.work->wait();
     } catch (...) {
       fail(std::current_exception());
+      completed = false;
     }
     if (item.finish) item.finish();
-    written(item.written);
+    if (completed) written(item.written);  // a failed reduction's range is not final
+    else serve();                          // its error to whoever waits
   }
 
   // Everything issued so far, finished (a failure is kept in `error`).

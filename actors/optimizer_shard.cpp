@@ -192,11 +192,9 @@ struct OptimizerShardState {
       };
     };
     for (size_t i = 0; i < pieces && !early.error; ++i) {
-      FinalGradients final;
-      auto t0 = std::chrono::steady_clock::now();
+      FinalGradients final;  // waiting here is waiting for backward, not for offload copies
       self->request(reducer, bound(), next_final_atom::value).receive([&](FinalGradients& f) { final = std::move(f); },
                                                                         fail("gradient-reducer"));
-      early.wait_s += seconds_since(t0);
       if (early.error) break;
       if (final.error) {
         early.error = final.error;
@@ -210,7 +208,7 @@ struct OptimizerShardState {
         break;
       }
       HostGradients host;
-      t0 = std::chrono::steady_clock::now();
+      auto t0 = std::chrono::steady_clock::now();
       self->request(offload, bound(), to_host_atom::value, GradientsToHost{0, final.gradients})
           .receive([&](HostGradients& h) { host = std::move(h); }, fail("offload actor"));
       early.wait_s += seconds_since(t0);

@@ -123,6 +123,7 @@ at::Tensor Engine::scale(const at::Tensor& loss) {
   s.rethrow_pending();
   s.refuse_in_inference("backward");
   s.require_resident("backward");
+  s.refuse_after_broken_update("backward");
   if (!s.gradients_attached())
     throw Error("backward: a parameter's .grad was replaced or reset outside the engine; use engine.zero_grad()");
   if (s.micro->arm_backward()) s.start_reduction(Impl::Trigger::armed);
@@ -138,19 +139,40 @@ void Engine::step() {
   s.rethrow_pending();
   s.refuse_in_inference("step");
   s.require_resident("step");
+  s.refuse_after_broken_update("step");
   if (s.stage3 && s.stage3->pinned())
     throw Error("step: called inside gathered_parameters(); end the scope first (the gathered copies would not see "
                 "the update)");
+  if (s.update_started) {
+    // The update has begun: a backward that did not finish (it raised) or a second one in this
+    // micro-step leaves sub-groups whose gradients can never be final, and what was updated stays.
+    const char* cause = s.micro->backward_unfinished() ? "the boundary backward did not finish (it raised)"
+                        : s.micro->two_boundary_backwards() ? "a second backward ran in the boundary micro-step"
+                                                          : nullptr;
+    if (cause) {
+      s.update_started = false;
+      s.update_broken = std::string(cause) + " after the optimizer's update had begun during it "
+                        "(tessera.offload.optimizer_during_backward)";
+      s.refuse_after_broken_update("step");
+    }
+  }
   if (!s.micro->begin_step(s.scaler.has_value())) return;
   if (s.stage3) s.stage3->release_all();  // a unit kept gathered would not see the update
-  if (std::exchange(s.update_started, false))  // the optimizer-shard updates what is final; now everything is
-    actors::checked(actors::ask<actors::Done>(s.reducer, s.bound(), "step: the gradient-reducer (settle)", actors::settle_atom::value));
   actors::StepRequest request;
   request.hyperparameters = s.hyperparameters();
   request.max_grad_norm = s.settings.max_grad_norm;
   request.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
-  auto report = actors::checked(actors::ask<actors::StepReport>(s.optimizer_shard, s.bound(), "step: the optimizer-shard",
-                                                                actors::step_atom::value, request));
+  const bool finishes_early_update = std::exchange(s.update_started, false);
+  actors::StepReport report;
+  try {
+    if (finishes_early_update)  // the optimizer-shard updates what is final; now everything is
+      actors::checked(actors::ask<actors::Done>(s.reducer, s.bound(), "step: the gradient-reducer (settle)", actors::settle_atom::value));
+    report = actors::checked(actors::ask<actors::StepReport>(s.optimizer_shard, s.bound(), "step: the optimizer-shard",
+                                                             actors::step_atom::value, request));
+  } catch (const std::exception& e) {
+    if (finishes_early_update) s.update_broken = std::string("step ") + std::to_string(s.global) + " failed (" + e.what() + ")";
+    throw;
+  }
   s.last_grad_norm = report.grad_norm;
   if (!report.overflow) {
     s.last_lrs.clear();
@@ -176,6 +198,7 @@ void Engine::zero_grad() {
   auto& s = *impl_;
   s.refuse_in_inference("zero_grad");
   s.require_resident("zero_grad");
+  s.refuse_after_broken_update("zero_grad");
   if (s.update_started)
     throw Error("zero_grad: the update began during this boundary backward (tessera.offload.optimizer_during_backward) "
                 "and cannot be undone; call step() to finish it");

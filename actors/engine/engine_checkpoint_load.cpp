@@ -331,6 +331,8 @@ class ImportedDeepSpeed {
 CheckpointLoaded Engine::load_checkpoint(const std::string& dir, const CheckpointLoadOptions& options) {
   auto& s = *impl_;
   s.require_resident("load_checkpoint");
+  if (s.update_started)  // a broken update is what a checkpoint loads over; one in progress is not
+    s.refuse_during_update("load_checkpoint");
   if (checkpoint::deepspeed::is_deepspeed_checkpoint(dir, options.tag)) {
     s.rethrow_pending();
     wait_for_checkpoint();

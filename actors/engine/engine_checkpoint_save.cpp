@@ -111,6 +111,7 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
   auto& s = *impl_;
   s.rethrow_pending();
   s.require_resident("save_checkpoint");
+  s.refuse_during_update("save_checkpoint");
   wait_for_checkpoint();
   check_can_save(s, options.client_state);
   const std::string requested = options.tag.empty() ? "global_step" + std::to_string(s.global) : options.tag;

@@ -150,6 +150,22 @@ struct Engine::Impl {
   }
   // The boundary backward started the update; step() settles the reductions and finishes it.
   bool update_started = false;
+  // Set when a step failed after its update had begun during backward: some host masters and
+  // states moved on, the weights did not; nothing can continue from that (it names the cause).
+  std::string update_broken;
+  void refuse_after_broken_update(const char* what) const {
+    if (!update_broken.empty())
+      throw Error(std::string(what) + ": " + update_broken + "; the optimizer state no longer matches the weights, so this "
+                  "engine cannot go on: load a checkpoint into a new engine");
+  }
+  // What would read or replace the masters while the update during backward has moved them and
+  // not the weights (write-backs, checkpoints, offload_states) waits for step().
+  void refuse_during_update(const char* what) const {
+    refuse_after_broken_update(what);
+    if (update_started)
+      throw Error(std::string(what) + ": the optimizer's update began during this boundary backward "
+                  "(tessera.offload.optimizer_during_backward); call step() first");
+  }
   // The end of a reducing backward: with partitioned gradients everything autograd did not report
   // (unused here, or accumulated in no_sync) is staged too; then every bucket is issued.
   void end_reduction() {

@@ -26,6 +26,7 @@ int64_t& bytes_of(OffloadedStates& o, OffloadState kind) {
 OffloadedStates Engine::offload_states(const OffloadStatesOptions& options) {
   auto& s = *impl_;
   s.rethrow_pending();
+  s.refuse_during_update("offload_states");
   if (options.device != config::OffloadDevice::cpu)
     throw ConfigError(std::string("offload_states: device ") + config::name_of(options.device) +
                       ": only cpu (host memory) is supported");

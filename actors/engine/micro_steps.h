@@ -44,6 +44,8 @@ class MicroSteps {
   void restore(int64_t micro) { micro_ = micro; }
   // Whether this backward's gradients go to the reducer (set by a reduction's start, cleared by end_backward).
   bool reducing() const { return reducing_.load(); }
+  bool backward_unfinished() const { return armed_.load(); }  // armed, and its end never came
+  bool two_boundary_backwards() const { return double_boundary_backward_.load(); }
 
   // Before a backward through backward()/scale(): whether it reduces. Throws tessera::Error for a
   // second reduction in the boundary micro-step, before anything changed.

@@ -2,7 +2,7 @@
 // "cpu"), and with --nvme-path to NVMe swap files (device = "nvme"), as a ratio to the same training
 // without offload, measured in the same run, interleaved.
 //   tools/tessera-launch --nproc-per-node 2 build/bench/zero_step/offload_step [--stage 2] [--dtype bf16]
-//       [--nvme-path /tmp]
+//       [--nvme-path /tmp] [--during-backward]
 //
 // Two engines on two copies of train_lm's TinyGpt (same data, same settings but the offload key);
 // every round runs each for --steps steps, the order alternating. ratio_to_no_offload is the
@@ -20,6 +20,11 @@
 // O_DIRECT speed, measured after the rounds in the same directory: bench/common/direct_io.h, for
 // every rank's bytes, as all ranks' files share the disk); the host's swap buffers against the
 // swap file's size.
+//
+// --during-backward adds a cpu-offload run with tessera.offload.optimizer_during_backward (each
+// sub-group updated as soon as its gradients are final, during the boundary backward) and turns
+// gradient clipping off in every run, since clipping needs the global norm before any update;
+// updated_before_step is the median number of sub-groups that run updated before step().
 //
 // On a CPU-only machine "device" and host are one memory, so the copies are real memcpys between
 // distinct buffers and the update runs on the same cores either way: what the ratio measures here
@@ -54,7 +59,7 @@ struct Run {
   std::shared_ptr<tessera::nn::TinyGpt> model;
   std::shared_ptr<tessera::Engine> engine;
   std::vector<double> step_ms;  // per round, per step
-  std::vector<double> update_ms, wait_ms, copy_ms;  // per timed step
+  std::vector<double> update_ms, wait_ms, copy_ms, early;  // per timed step
   std::vector<double> read_wait_ms, write_wait_ms, read_mb, write_mb, prefetched, waited;  // NVMe, per timed step
 };
 
@@ -67,6 +72,7 @@ int main(int argc, char** argv) {
   int rounds = 15, steps = 2, warmup = 2, micro = 4, stage = 2, buffer_count = 4;
   int64_t sub_group = 1'000'000;
   std::string dtype = "bf16", nvme_path;
+  bool during_backward = false;
   app.add_option("--rounds", rounds, "interleaved rounds");
   app.add_option("--steps", steps, "steps per engine and round");
   app.add_option("--stage", stage, "ZeRO stage (1, 2 or 3)")->check(CLI::Range(1, 3));
@@ -77,17 +83,23 @@ int main(int argc, char** argv) {
   app.add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size (elements stepped at a time)");
   app.add_option("--buffer-count", buffer_count, "offload_optimizer.buffer_count (staging slots each way)");
   app.add_option("--nvme-path", nvme_path, "also run with offload_optimizer.device = \"nvme\" under this directory");
+  app.add_flag("--during-backward", during_backward,
+               "also run cpu offload with the optimizer during backward (turns gradient clipping off everywhere)");
   CLI11_PARSE(app, argc, argv);
   const auto env = tessera::transport::LaunchEnv::from_env();
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world_size)));
   tessera::data::ByteCorpus corpus(tessera::data::ByteCorpus::default_paths());
 
-  enum class Placement { none, cpu, nvme };
+  enum class Placement { none, cpu, cpu_during_backward, nvme };
   auto make = [&](Placement placement) {
     Run r;
-    r.name = placement == Placement::none ? "no_offload" : placement == Placement::cpu ? "offload_cpu" : "offload_nvme";
+    r.name = placement == Placement::none                  ? "no_offload"
+             : placement == Placement::cpu                 ? "offload_cpu"
+             : placement == Placement::cpu_during_backward ? "offload_cpu_during_backward"
+                                                           : "offload_nvme";
     r.model = std::make_shared<tessera::nn::TinyGpt>(gpt);
-    std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(micro) + "\ngradient_clipping = 1.0\n" +
+    std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(micro) + "\ngradient_clipping = " +
+                       (during_backward ? "0.0" : "1.0") + "\n" +
                        (dtype == "bf16" ? "[bf16]\nenabled = true\n" : "") +
                        "[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 1e-4\nweight_decay = 0.01\n"
                        "[zero_optimization]\nstage = " + std::to_string(stage) +
@@ -95,9 +107,10 @@ int main(int argc, char** argv) {
                        "\nreduce_bucket_size = " + std::to_string(gpt.d_model * gpt.d_model) + "\n";
     if (placement != Placement::none)
       toml += std::string("[zero_optimization.offload_optimizer]\ndevice = \"") +
-              (placement == Placement::cpu ? "cpu" : "nvme") + "\"\npin_memory = true\nbuffer_count = " +
+              (placement == Placement::nvme ? "nvme" : "cpu") + "\"\npin_memory = true\nbuffer_count = " +
               std::to_string(buffer_count) + "\n";
     if (placement == Placement::nvme) toml += "nvme_path = \"" + nvme_path + "\"\n";
+    if (placement == Placement::cpu_during_backward) toml += "[tessera.offload]\noptimizer_during_backward = true\n";
     r.engine = tessera::initialize(r.model->module(),
                                    tessera::config::load_config_text(toml, tessera::config::Format::toml, "offload_step"))
                    .engine;
@@ -106,6 +119,7 @@ int main(int argc, char** argv) {
   std::vector<Run> runs;
   runs.push_back(make(Placement::none));
   runs.push_back(make(Placement::cpu));
+  if (during_backward) runs.push_back(make(Placement::cpu_during_backward));
   if (!nvme_path.empty()) runs.push_back(make(Placement::nvme));
   int64_t parameters = 0;
   for (const auto& p : runs[0].model->module()->parameters()) parameters += p.numel();
@@ -128,6 +142,7 @@ int main(int argc, char** argv) {
         r.update_ms.push_back(1e3 * t.update_s);
         r.wait_ms.push_back(1e3 * t.offload_wait_s);
         r.copy_ms.push_back(1e3 * t.offload_copy_s);
+        r.early.push_back(double(t.updated_before_step));
         r.read_wait_ms.push_back(1e3 * t.swap.read_wait_s), r.write_wait_ms.push_back(1e3 * t.swap.write_wait_s);
         r.read_mb.push_back(double(t.swap.bytes_read) / (1 << 20)), r.write_mb.push_back(double(t.swap.bytes_written) / (1 << 20));
         r.prefetched.push_back(double(t.swap.prefetched)), r.waited.push_back(double(t.swap.waited_reads));
@@ -150,13 +165,14 @@ int main(int argc, char** argv) {
                 "\"step_ms\":%.2f,\"min_step_ms\":%.2f,\"ratio_to_no_offload\":%.3f,\"update_ms\":%.2f,"
                 "\"offload_copy_ms\":%.3f,\"offload_wait_ms\":%.3f,\"copy_hidden_fraction\":%.3f,"
                 "\"device_mb\":%.2f,\"device_master_mb\":%.2f,\"device_states_mb\":%.2f,"
-                "\"host_master_mb\":%.2f,\"host_states_mb\":%.2f,\"host_staging_mb\":%.2f,\"peak_rss_mb\":%.1f}\n",
+                "\"host_master_mb\":%.2f,\"host_states_mb\":%.2f,\"host_staging_mb\":%.2f,\"peak_rss_mb\":%.1f,"
+                "\"gradient_clipping\":%s,\"updated_before_step\":%.1f}\n",
                 r.name.c_str(), stage, dtype.c_str(), env.world_size, static_cast<long long>(parameters),
                 static_cast<long long>(sub_group), buffer_count, rounds, steps, median(r.step_ms),
                 *std::min_element(r.step_ms.begin(), r.step_ms.end()), median(ratios),
                 median(r.update_ms), median(r.copy_ms), median(r.wait_ms), hidden, m.total() * mib, m.master * mib,
                 m.optimizer_states * mib, m.host.master * mib, m.host.optimizer_states * mib, m.host.staging * mib,
-                double(u.ru_maxrss) / 1024.0);
+                double(u.ru_maxrss) / 1024.0, during_backward ? "0.0" : "1.0", median(r.early));
   }
   if (nvme_path.empty()) return 0;
   const auto& r = runs.back();
