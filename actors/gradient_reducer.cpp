@@ -13,6 +13,7 @@
 #include "actors/actor_runtime.h"
 #include "actors/final_sub_groups.h"
 #include "actors/parked_reply.h"
+#include "actors/waiting_finals.h"
 #include "core/elapsed.h"
 #include "core/error.h"
 
@@ -63,20 +64,7 @@ struct ReducerState {
   int64_t backward = 0;             // counts reducing backwards: a write counts for its own only
   FinalSubGroups finals;
   std::deque<std::pair<FinalSubGroups::Key, bool>> final_queue;  // and whether settle made it final
-  // The optimizer-shard's requests for the next final sub-group; answered with an error if the
-  // reducer ends first, so that no request outlives it unanswered.
-  struct Waiting : std::deque<caf::typed_response_promise<FinalGradients>> {
-    Waiting() = default;
-    Waiting(Waiting&&) = default;
-    Waiting& operator=(Waiting&&) = default;
-    ~Waiting() {
-      for (auto& promise : *this) {
-        FinalGradients out;
-        out.error = std::make_exception_ptr(Error("gradient-reducer: ended before this backward's gradients were final"));
-        promise.deliver(std::move(out));
-      }
-    }
-  } waiting;
+  WaitingFinals waiting;            // the optimizer-shard's requests for the next one
   bool settled = false;             // this backward's every sub-group is final
 
   // The written ranges of one backward, per flat group (what FinalSubGroups expects).
@@ -103,20 +91,9 @@ struct ReducerState {
     serve();
   }
 
-  // Answers every waiting request with an error (a failed reduction, a new backward, the end): a
-  // request is never left unanswered.
-  void fail_waiting(const std::exception_ptr& e) {
-    for (auto& promise : waiting) {
-      FinalGradients out;
-      out.error = e;
-      promise.deliver(std::move(out));
-    }
-    waiting.clear();
-  }
-
   // Hands final sub-groups to waiting requests, oldest first; after a failed reduction, its error.
   void serve() {
-    if (error && !waiting.empty()) return fail_waiting(error);  // `error` stays: finish reports it too
+    if (error && !waiting.empty()) return waiting.fail_all(error);  // `error` stays: finish reports it too
     while (!final_queue.empty() && !waiting.empty()) {
       const auto [key, at_settle] = final_queue.front();
       final_queue.pop_front();
@@ -133,8 +110,7 @@ struct ReducerState {
       } catch (...) {
         out.error = std::current_exception();
       }
-      waiting.front().deliver(std::move(out));
-      waiting.pop_front();
+      waiting.deliver_front(std::move(out));
     }
   }
 
@@ -201,7 +177,7 @@ struct ReducerState {
     ++backward;
     if (tracks_finals) {
       if (!waiting.empty())  // requests of an earlier backward (a timed-out update): not for this one
-        fail_waiting(std::make_exception_ptr(Error("gradient-reducer: a new backward started before the last one's "
+        waiting.fail_all(std::make_exception_ptr(Error("gradient-reducer: a new backward started before the last one's "
                                                    "sub-groups were handed out")));
       finals.start();
       final_queue.clear();
@@ -538,7 +514,7 @@ gradient_reducer_actor::behavior_type reducer(gradient_reducer_actor::stateful_p
           promise.deliver(std::move(none));
           return promise;
         }
-        s.waiting.push_back(promise);
+        s.waiting.push(promise);
         s.serve();
         return promise;
       },
