@@ -23,6 +23,7 @@
 #include "core/config/load.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/engine/offload_test_support.h"
 #include "tests/engine/storage_snapshot.h"
 #include "tests/engine/test_communicator.h"
 #include "transport/communicator.h"
@@ -32,20 +33,10 @@ namespace fs = std::filesystem;
 namespace {
 
 using namespace tessera::engine_testing;
+using namespace tessera::offload_testing;
 using tessera::Engine;
 
-constexpr int kGlobalBatch = 8;  // divisible by 1, 2 and 4 ranks
-constexpr int kAccumulation = 2;
-
-struct Trainee {
-  std::shared_ptr<tessera::nn::TinyGpt> gpt;
-  torch::Tensor loss(int step, int micro, int rank) const {
-    auto batch = corpus().batch(5, step, micro, kGlobalBatch, 16, rank, kWorld);
-    return gpt->loss(batch.tokens, batch.targets);
-  }
-};
-
-Trainee trainee() { return {std::make_shared<tessera::nn::TinyGpt>(small_gpt_config(91))}; }
+Trainee trainee() { return make_trainee(91, 5); }
 
 struct Setup {
   int stage = 2;
@@ -60,18 +51,12 @@ struct Setup {
 };
 
 std::string config(const Setup& s) {
-  std::string t = "train_micro_batch_size_per_gpu = " + std::to_string(kGlobalBatch / kWorld) +
-                  "\ngradient_accumulation_steps = " + std::to_string(kAccumulation) + "\n" + s.clipping + s.precision +
-                  (s.optimizer_section ? "[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 3e-3\nweight_decay = " +
-                                             std::to_string(s.weight_decay) + "\n"
-                                       : std::string()) +
-                  "[zero_optimization]\nstage = " + std::to_string(s.stage) +
-                  // Sub-groups of 1000 elements: every partition is several, so slots are reused.
-                  "\nreduce_bucket_size = 3000\nsub_group_size = 1000\nstage3_param_persistence_threshold = 100\n";
-  if (s.offload)
-    t += "[zero_optimization.offload_optimizer]\ndevice = \"nvme\"\nnvme_path = \"" + s.nvme_path +
-         "\"\nbuffer_count = " + std::to_string(s.buffer_count) + "\n" + s.aio;
-  return t + "[tessera.transport]\ncollective_timeout_ms = 60000\n";
+  const std::string offload = s.offload ? "[zero_optimization.offload_optimizer]\ndevice = \"nvme\"\nnvme_path = \"" +
+                                              s.nvme_path + "\"\nbuffer_count = " + std::to_string(s.buffer_count) +
+                                              "\n" + s.aio
+                                        : "";
+  return offload_config(s.stage, s.clipping + s.precision,
+                        s.optimizer_section ? std::optional<double>(s.weight_decay) : std::nullopt, offload);
 }
 
 std::shared_ptr<Engine> engine_for(const Trainee& t, const Setup& s, const tessera::InitializeOptions& options = {}) {
@@ -81,23 +66,6 @@ std::shared_ptr<Engine> engine_for(const Trainee& t, const Setup& s, const tesse
       .engine;
 }
 
-std::vector<double> train(Engine& engine, const Trainee& t, int from, int to) {
-  std::vector<double> losses;
-  for (int step = from; step < to; ++step)
-    for (int micro = 0; micro < kAccumulation; ++micro) {
-      auto loss = t.loss(step, micro, kRank);
-      engine.backward(loss);
-      engine.step();
-      losses.push_back(loss.item<double>());
-    }
-  return losses;
-}
-
-std::string first(const std::vector<std::string>& keys) { return keys.empty() ? "" : keys.front(); }
-
-const char* kBf16 = "[bf16]\nenabled = true\n";
-const char* kBf16Masters = "[bf16]\nenabled = true\nbf16_master_weights_and_grads = true\n"
-                           "bf16_optimizer_states = true\n";
 
 
 tessera::transport::Communicator& test_comm() { return test_communicator("offload_nvme_test"); }

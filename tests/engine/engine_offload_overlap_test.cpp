@@ -20,25 +20,16 @@
 #include "core/error.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/engine/offload_test_support.h"
 #include "tests/engine/storage_snapshot.h"
 
 namespace {
 
 using namespace tessera::engine_testing;
+using namespace tessera::offload_testing;
 using tessera::Engine;
 
-constexpr int kGlobalBatch = 8;  // divisible by 1, 2 and 4 ranks
-constexpr int kAccumulation = 2;
-
-struct Trainee {
-  std::shared_ptr<tessera::nn::TinyGpt> gpt;
-  torch::Tensor loss(int step, int micro, int rank) const {
-    auto batch = corpus().batch(7, step, micro, kGlobalBatch, 16, rank, kWorld);
-    return gpt->loss(batch.tokens, batch.targets);
-  }
-};
-
-Trainee trainee() { return {std::make_shared<tessera::nn::TinyGpt>(small_gpt_config(93))}; }
+Trainee trainee() { return make_trainee(93, 7); }
 
 enum class Offload { none, in_step, during_backward };
 
@@ -51,15 +42,10 @@ struct Setup {
 };
 
 std::string config(const Setup& s) {
-  std::string t = "train_micro_batch_size_per_gpu = " + std::to_string(kGlobalBatch / kWorld) +
-                  "\ngradient_accumulation_steps = " + std::to_string(kAccumulation) + "\n" + s.extra + s.precision +
-                  "[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 3e-3\nweight_decay = " +
-                  std::to_string(s.weight_decay) + "\n[zero_optimization]\nstage = " + std::to_string(s.stage) +
-                  // Sub-groups of 1000 elements, buckets of 3000: several of each per partition.
-                  "\nreduce_bucket_size = 3000\nsub_group_size = 1000\nstage3_param_persistence_threshold = 100\n";
-  if (s.offload != Offload::none) t += "[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n";
-  if (s.offload == Offload::during_backward) t += "[tessera.offload]\noptimizer_during_backward = true\n";
-  return t + "[tessera.transport]\ncollective_timeout_ms = 60000\n";
+  std::string offload;
+  if (s.offload != Offload::none) offload += "[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n";
+  if (s.offload == Offload::during_backward) offload += "[tessera.offload]\noptimizer_during_backward = true\n";
+  return offload_config(s.stage, s.extra + s.precision, s.weight_decay, offload);
 }
 
 std::shared_ptr<Engine> engine_for(const Trainee& t, const Setup& s) {
@@ -87,10 +73,6 @@ Trained train(Engine& engine, const Trainee& t, int steps, std::chrono::millisec
     }
   return out;
 }
-
-std::string first(const std::vector<std::string>& keys) { return keys.empty() ? "" : keys.front(); }
-
-const char* kBf16 = "[bf16]\nenabled = true\n";
 
 bool overlap_runs_here(int stage) { return stage == 3 || kWorld > 1; }
 
