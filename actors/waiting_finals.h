@@ -19,9 +19,17 @@ class WaitingFinals {
   using Promise = caf::typed_response_promise<FinalGradients>;
 
   WaitingFinals() = default;
-  WaitingFinals(WaitingFinals&&) = default;
-  WaitingFinals& operator=(WaitingFinals&&) = default;
-  ~WaitingFinals() { fail_all(std::make_exception_ptr(Error("gradient-reducer: ended before this backward's gradients were final"))); }
+  // Moves leave the source empty, and an assignment answers what the target held: no request is
+  // dropped unanswered (the actor's state is move-assigned at its start).
+  WaitingFinals(WaitingFinals&& other) noexcept : promises_(std::exchange(other.promises_, {})) {}
+  WaitingFinals& operator=(WaitingFinals&& other) {
+    if (this != &other) {
+      fail_all(ended());
+      promises_ = std::exchange(other.promises_, {});
+    }
+    return *this;
+  }
+  ~WaitingFinals() { fail_all(ended()); }
 
   bool empty() const { return promises_.empty(); }
   void push(Promise p) { promises_.push_back(std::move(p)); }
@@ -31,6 +39,7 @@ class WaitingFinals {
     promises_.pop_front();
   }
   void fail_all(const std::exception_ptr& e) {
+    if (promises_.empty()) return;
     for (auto& promise : promises_) {
       FinalGradients out;
       out.error = e;
@@ -40,6 +49,9 @@ class WaitingFinals {
   }
 
  private:
+  static std::exception_ptr ended() {
+    return std::make_exception_ptr(Error("gradient-reducer: ended before this backward's gradients were final"));
+  }
   std::deque<Promise> promises_;
 };
 
