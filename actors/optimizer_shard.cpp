@@ -23,6 +23,7 @@ struct OptimizerShardState {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> sub_groups;  // per flat group
   optim::Workspace workspace;
   int64_t updates = 0;
+  int64_t updated_this_step = 0;  // sub-groups the step under way has updated (a failure reports it)
   gradient_reducer_actor reducer;
   parameter_shard_actor parameter_shard;
   offload_actor offload;  // optimizer offload only: the host staging
@@ -56,6 +57,7 @@ struct OptimizerShardState {
         auto target_param = param.narrow(0, begin, end - begin);
         const auto& target = state.master.defined() ? state.master : target_param;
         kernel.step(target, grad.narrow(0, begin, end - begin), state.states, updates + 1, hp, workspace);
+        ++updated_this_step;
         if (state.master.defined()) target_param.copy_(state.master);  // round into the parameters' dtype
         store->release(int64_t(g), int64_t(s));
       }
@@ -135,6 +137,7 @@ struct OptimizerShardState {
         store->release(int64_t(p.g), int64_t(p.s));
         break;
       }
+      ++updated_this_step;
       // Slot i % staging_slots is free again: ask for the sub-group that uses it next.
       if (asked < pieces.size()) arriving.push_back(gradients_to_host(asked++));
       WeightsToDevice out{int64_t(i) % staging_slots, state.master,
@@ -269,6 +272,7 @@ struct OptimizerShardState {
   // step() after update_during_backward(): the same request, every sub-group updated once.
   void finish_early(const StepRequest& request, const Buffers& parameters, StepReport& report) {
     auto e = std::exchange(early, Early{});
+    updated_this_step = e.updated;  // what a failure below leaves updated
     if (e.error) std::rethrow_exception(e.error);
     size_t pieces = 0;
     for (const auto& g : sub_groups) pieces += g.size();
@@ -313,8 +317,15 @@ struct OptimizerShardState {
     return out;
   }
 
+  int64_t sub_group_count() const {
+    int64_t n = 0;
+    for (const auto& g : sub_groups) n += int64_t(g.size());
+    return n;
+  }
+
   StepReport step(const StepRequest& request) {
     StepReport report;
+    updated_this_step = 0;
     FinishRequest finish{request.loss_scale, request.max_grad_norm};
     auto ready = checked(ask<GradientsReady>(reducer, bound(), "gradient-reducer (finish)", finish_atom::value, finish));
     report.reduction_wait_s = ready.reduction_wait_s;
@@ -350,6 +361,8 @@ struct OptimizerShardState {
       self->request(reducer, bound(), zero_atom::value).receive(on_reply, on_error);
     }
     if (failure) std::rethrow_exception(failure);
+    report.sub_groups_updated = updated_this_step + early.updated;
+    report.sub_groups = sub_group_count();
     return report;
   }
 };
@@ -365,9 +378,12 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
           require_unparked(self->state.parked, "step");
           return self->state.step(request);
         } catch (...) {
-          self->state.early = {};  // an update during backward ends with its step, also a failed one
+          auto& s = self->state;
           StepReport report;
           report.error = std::current_exception();
+          report.sub_groups_updated = s.updated_this_step + s.early.updated;
+          report.sub_groups = s.sub_group_count();
+          s.early = {};  // an update during backward ends with its step, also a failed one
           return report;
         }
       },

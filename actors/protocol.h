@@ -268,6 +268,10 @@ struct StepReport {
   double offload_copy_s = 0;    // optimizer offload: device<->host copies (hidden or not)
   SwapStepStats swap;           // optimizer offload to NVMe
   int64_t final_before_step = 0;  // update during backward: sub-groups final before step() (updated early)
+  // Sub-groups whose master and states this step moved on, of all this rank has: also with an
+  // error, so that a step that failed part-way is known as one (nothing can go on from it).
+  int64_t sub_groups_updated = 0;
+  int64_t sub_groups = 0;
   std::exception_ptr error;
 };
 

@@ -164,13 +164,22 @@ void Engine::step() {
   request.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
   const bool finishes_early_update = std::exchange(s.update_started, false);
   actors::StepReport report;
+  bool partly_updated = false;
   try {
     if (finishes_early_update)  // the optimizer-shard updates what is final; now everything is
       actors::checked(actors::ask<actors::Done>(s.reducer, s.bound(), "step: the gradient-reducer (settle)", actors::settle_atom::value));
-    report = actors::checked(actors::ask<actors::StepReport>(s.optimizer_shard, s.bound(), "step: the optimizer-shard",
-                                                             actors::step_atom::value, request));
+    report = actors::ask<actors::StepReport>(s.optimizer_shard, s.bound(), "step: the optimizer-shard",
+                                             actors::step_atom::value, request);
+    partly_updated = report.error && report.sub_groups_updated > 0;
+    actors::checked(report);
   } catch (const std::exception& e) {
-    if (finishes_early_update) s.update_broken = std::string("step ") + std::to_string(s.global) + " failed (" + e.what() + ")";
+    // A step that failed before any sub-group moved leaves the engine as it was (it can be retried
+    // or saved); one that failed part-way leaves masters, states and weights of two steps.
+    if (partly_updated)
+      s.update_broken = "step " + std::to_string(s.global) + " failed after " + std::to_string(report.sub_groups_updated) +
+                        " of this rank's " + std::to_string(report.sub_groups) + " sub-groups were updated (" + e.what() + ")";
+    else if (finishes_early_update)
+      s.update_broken = std::string("step ") + std::to_string(s.global) + " failed (" + e.what() + ")";
     throw;
   }
   s.last_grad_norm = report.grad_norm;

@@ -150,8 +150,9 @@ struct Engine::Impl {
   }
   // The boundary backward started the update; step() settles the reductions and finishes it.
   bool update_started = false;
-  // Set when a step failed after its update had begun during backward: some host masters and
-  // states moved on, the weights did not; nothing can continue from that (it names the cause).
+  // Set when a step failed after its update had begun (during backward, or part-way through the
+  // sub-groups, e.g. an NVMe record found changed): some masters and states moved on, others or
+  // the weights did not; nothing can continue from that (it names the cause).
   std::string update_broken;
   void refuse_after_broken_update(const char* what) const {
     if (!update_broken.empty())

@@ -8,7 +8,8 @@
 //   - offload_states/reload_states around it (weights and gradients to host memory and back);
 //   - a crashed run's leftover swap file is replaced, not trusted; the file goes with the engine;
 //   - bad input: nvme_path missing or not a directory (ConfigError naming it), a swap file truncated
-//     behind the engine's back (OffloadError naming it, the weights unchanged);
+//     behind the engine's back (OffloadError naming it, the weights unchanged), a record changed
+//     (the step fails part-way naming it; the engine refuses every later step);
 //   - a negative control: another weight decay differs.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
@@ -218,6 +219,31 @@ TEST_CASE("Bad NVMe input: a missing path, a file, a truncated swap file", "[nvm
     engine->backward(t.loss(1, 1, kRank));
     CHECK_THROWS_WITH(engine->step(), Catch::Contains(swap_file(dir)) && Catch::Contains("truncated"));
     expect_same_parameters(before, snapshot_parameters(*t.gpt->module()));
+  }
+  SECTION("the last record is changed between steps: the step fails part-way naming it, and the engine stops") {
+    auto t = trainee();
+    auto engine = engine_for(t, nvme(plain, dir));
+    train(*engine, t, 0, 1);
+    // More records than buffers: the last one is read only at its turn, after others were updated
+    // (the first ones are read ahead behind the forward, so they would not do).
+    const auto memory = engine->memory();
+    REQUIRE(memory.nvme > memory.host.swap_buffers);
+    {
+      std::fstream file(swap_file(dir), std::ios::in | std::ios::out | std::ios::binary);
+      file.seekg(-1, std::ios::end);
+      const char last = char(file.get());
+      file.seekp(-1, std::ios::end);
+      file.put(char(last ^ 0x5a));  // every rank its own
+    }
+    engine->backward(t.loss(1, 0, kRank));
+    engine->step();  // micro-step 1 of 2: no update yet
+    engine->backward(t.loss(1, 1, kRank));
+    CHECK_THROWS_WITH(engine->step(), Catch::Contains(swap_file(dir)) && Catch::Contains("XXH3 differs") &&
+                                          Catch::Contains("sub-group"));
+    // Part of the optimizer moved on a step and part did not: nothing may go on from that.
+    CHECK_THROWS_WITH(engine->backward(t.loss(2, 0, kRank)),
+                      Catch::Contains("sub-groups were updated") && Catch::Contains("cannot go on"));
+    CHECK_THROWS_WITH(engine->step(), Catch::Contains("cannot go on"));
   }
 }
 
