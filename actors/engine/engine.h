@@ -45,7 +45,7 @@
 // partitioned_construction.h) is taken as its chunks. Between steps a parameter has no memory:
 // read parameters inside gathered_parameters(). Without an optimizer, initialize at stage 3 builds a
 // ZeRO inference engine (forwards only; each Engine::forward is a prefetch window).
-// Not yet (each refused with a clear error at initialize): NVMe and parameter offload, tensor parallelism.
+// Not yet (each refused with a clear error at initialize): parameter offload to NVMe, tensor parallelism.
 // Cross-rank contract: every rank calls backward/step the same number of times, with the same
 // accumulation boundaries, and at ZeRO-3 runs the same modules in the same order.
 #pragma once
@@ -112,8 +112,10 @@ struct EngineMemory {
   int64_t optimizer_states = 0;  // every state of every partition
   int64_t scratch = 0;           // reusable temporaries: the clipping norm's buffer, the optimizer's
                                  // workspace (from the first step on). Not counted: Gloo's own buffers.
-  // Optimizer offload: what lives in host memory instead (master and optimizer_states above are 0).
+  // Offload: what lives in host memory instead (with optimizer offload master and optimizer_states
+  // above are 0; with parameter offload parameters above counts only the gathered units).
   struct Host {
+    int64_t parameters = 0;        // parameter offload: the weight partitions and persistent segments
     int64_t master = 0;            // master partitions (also for fp32 weights: the device's are a copy)
     int64_t optimizer_states = 0;
     int64_t staging = 0;           // gradient and weight slots between the device and the host, and
@@ -122,7 +124,7 @@ struct EngineMemory {
     int64_t swap_buffers = 0;      // offload to NVMe: the sub-group records' buffers (master and
                                    // optimizer_states above are 0 then, but while a checkpoint or
                                    // storage_maps() has paged the partitions in)
-    int64_t total() const { return master + optimizer_states + staging + offloaded + swap_buffers; }
+    int64_t total() const { return parameters + master + optimizer_states + staging + offloaded + swap_buffers; }
   } host;
   int64_t nvme = 0;  // offload to NVMe: the swap file (masters and optimizer states)
   int64_t total() const { return parameters + gradients + master + optimizer_states + scratch; }  // the device's

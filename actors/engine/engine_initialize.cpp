@@ -160,6 +160,22 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
   spec->max_reuse_elements = settings.max_reuse_elements;
   spec->forward_windows = inference;
   spec->autocast_gathers = settings.stage == 3 && settings.autocast;
+  if (settings.parameter_offload == config::OffloadDevice::cpu) {
+    spec->parameter_offload.placement = actors::StatePlacement::host;
+    spec->parameter_offload.pin_memory = settings.parameter_offload_pin_memory;
+    // Beside a GPU two parts would need device copies of host buffers that do not exist yet: the
+    // persistent parameters (views of the weight buffer) and a device optimizer stepping host partitions.
+    if (device.is_cuda()) {
+      for (const auto& segment : spec->plan->segments())
+        if (segment.persistent())
+          throw ConfigError("zero_optimization.offload_param.device = \"cpu\" on a GPU keeps persistent parameters in "
+                            "host memory, which a GPU forward cannot read: not yet supported; set "
+                            "zero_optimization.stage3_param_persistence_threshold = 0");
+      if (settings.optimizer_offload == config::OffloadDevice::none && !inference)
+        throw ConfigError("zero_optimization.offload_param.device = \"cpu\" on a GPU needs offload_optimizer.device "
+                          "\"cpu\" or \"nvme\" (the update of host partitions by a device optimizer is not yet supported)");
+    }
+  }
   if (settings.optimizer_offload != config::OffloadDevice::none) {
     const bool nvme = settings.optimizer_offload == config::OffloadDevice::nvme;
     spec->optimizer_offload.placement = nvme ? actors::StatePlacement::nvme : actors::StatePlacement::host;
@@ -181,7 +197,8 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
 // time on the parameter communicator (the user's thread: the parameter-shard does not exist yet).
 std::unique_ptr<zero::Stage3Parameters> stage3_storage(const zero::ShardingPlan& plan, int rank, int size,
                                                        const std::vector<at::Tensor>& parameters, at::ScalarType dtype,
-                                                       const std::shared_ptr<transport::Communicator>& param_comm) {
+                                                       const std::shared_ptr<transport::Communicator>& param_comm,
+                                                       zero::WeightHome home) {
   zero::Stage3Parameters::Fill gather_chunks = [&](int64_t i, const at::Tensor& view) {
     const auto chunk = zero::constructed_chunk(parameters[size_t(i)]);
     if (!chunk) return false;
@@ -191,7 +208,7 @@ std::unique_ptr<zero::Stage3Parameters> stage3_storage(const zero::ShardingPlan&
     view.reshape({-1}).copy_(whole.narrow(0, 0, chunk->numel));
     return true;
   };
-  auto storage = std::make_unique<zero::Stage3Parameters>(plan, rank, parameters, dtype, gather_chunks);
+  auto storage = std::make_unique<zero::Stage3Parameters>(plan, rank, parameters, dtype, gather_chunks, home);
   for (const auto& p : parameters) zero::forget_constructed(p);
   return storage;
 }
@@ -302,7 +319,11 @@ std::unique_ptr<Engine::Impl> assemble_engine(EngineSetup& s, std::shared_ptr<to
   for (const auto& [name, p] : s.trainable) parameters.push_back(p);
   std::unique_ptr<zero::Stage3Parameters> stage3_parameters;
   if (stage3) {
-    stage3_parameters = stage3_storage(*plan, s.rank, s.size, parameters, s.dtype, param_comm);
+    const auto& offload = spec->parameter_offload;
+    const auto home = !offload.off_device() ? zero::WeightHome::with_units
+                      : offload.pin_memory  ? zero::WeightHome::host_pinned
+                                            : zero::WeightHome::host;
+    stage3_parameters = stage3_storage(*plan, s.rank, s.size, parameters, s.dtype, param_comm, home);
     for (size_t g = 0; g < plan->groups().size(); ++g) {
       partitions.push_back(stage3_parameters->partition(int64_t(g)));
       if (!inference) kernels.push_back(s.group_kernels[size_t(plan->groups()[g].param_group)]);

@@ -98,8 +98,16 @@ EngineSettings engine_settings(const config::Config& c) {
       throw ConfigError(where + "fp16: the overflow check needs every gradient before any update");
     s.optimizer_update = UpdateTiming::during_backward;
   }
-  if (c.zero_optimization.offload_param.device.value != config::OffloadDevice::none)
-    not_yet(c, "zero_optimization.offload_param.device", "parameter offload");
+  {
+    const auto& o = c.zero_optimization.offload_param;
+    if (o.device.value == config::OffloadDevice::nvme)
+      not_yet(c, "zero_optimization.offload_param.device", "parameter offload to NVMe");
+    if (o.device.value != config::OffloadDevice::none && s.stage != 3)
+      throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") +
+                        "zero_optimization.offload_param.device: parameter offload needs ZeRO stage 3");
+    s.parameter_offload = o.device.value;
+    s.parameter_offload_pin_memory = o.pin_memory;
+  }
   if (c.tensor_parallel.autotp_size > 1) not_yet(c, "tensor_parallel.autotp_size", "tensor parallelism");
   s.aio.block_size = c.aio.block_size;
   s.aio.queue_depth = c.aio.queue_depth;

@@ -59,12 +59,15 @@ struct EngineSettings {
   int64_t optimizer_offload_buffer_count = 0;
   std::string optimizer_offload_nvme_path;  // device nvme: the swap files' directory (exists, writable)
   io::AioSettings aio;                      // the aio block (device nvme)
+  // zero_optimization.offload_param (stage 3): device cpu keeps the weight partitions in host memory.
+  config::OffloadDevice parameter_offload = config::OffloadDevice::none;
+  bool parameter_offload_pin_memory = false;
   UpdateTiming optimizer_update = UpdateTiming::in_step;  // tessera.offload.optimizer_during_backward
   int64_t collective_timeout_ms = 0;  // tessera.transport.collective_timeout_ms
 };
 
 // `config` must be resolved (no "auto" left). Throws ConfigError for missing or unsupported
-// settings (parameter offload, tensor parallelism, fp16 autocast on CPU) and an NVMe path that is
+// settings (parameter offload to NVMe, tensor parallelism, fp16 autocast on CPU) and an NVMe path that is
 // not a writable directory.
 EngineSettings engine_settings(const config::Config& config);
 

@@ -124,7 +124,10 @@ EngineMemory Engine::memory() const {
   EngineMemory m;
   const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "memory: the parameter-shard",
                                                                     actors::buffers_atom::value));
-  for (const auto& b : buffers.tensors) m.parameters += int64_t(b.numel() * b.element_size());
+  int64_t weight_buffers = 0;
+  for (const auto& b : buffers.tensors) weight_buffers += int64_t(b.numel() * b.element_size());
+  // Parameter offload: the partitions (and persistent segments) in host memory, the gathered units on the device.
+  (s.spec->parameter_offload.off_device() ? m.host.parameters : m.parameters) += weight_buffers;
   m.parameters += buffers.gathered_bytes;
   if (s.inference) {
     m.parameters -= s.offloaded.parameters;

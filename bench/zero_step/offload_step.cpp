@@ -2,7 +2,7 @@
 // "cpu"), and with --nvme-path to NVMe swap files (device = "nvme"), as a ratio to the same training
 // without offload, measured in the same run, interleaved.
 //   tools/tessera-launch --nproc-per-node 2 build/bench/zero_step/offload_step [--stage 2] [--dtype bf16]
-//       [--nvme-path /tmp] [--during-backward]
+//       [--nvme-path /tmp] [--during-backward] [--offload-param]
 //
 // Two engines on two copies of train_lm's TinyGpt (same data, same settings but the offload key);
 // every round runs each for --steps steps, the order alternating. ratio_to_no_offload is the
@@ -25,6 +25,9 @@
 // sub-group updated as soon as its gradients are final, during the boundary backward) and turns
 // gradient clipping off in every run, since clipping needs the global norm before any update;
 // updated_before_step is the median number of sub-groups that run updated before step().
+//
+// --offload-param (stage 3) adds a run with the parameter partitions in host memory too
+// (offload_param.device = "cpu", beside cpu optimizer offload); host_parameters_mb says what moved.
 //
 // On a CPU-only machine "device" and host are one memory, so the copies are real memcpys between
 // distinct buffers and the update runs on the same cores either way: what the ratio measures here
@@ -72,7 +75,7 @@ int main(int argc, char** argv) {
   int rounds = 15, steps = 2, warmup = 2, micro = 4, stage = 2, buffer_count = 4;
   int64_t sub_group = 1'000'000;
   std::string dtype = "bf16", nvme_path;
-  bool during_backward = false;
+  bool during_backward = false, offload_param = false;
   app.add_option("--rounds", rounds, "interleaved rounds");
   app.add_option("--steps", steps, "steps per engine and round");
   app.add_option("--stage", stage, "ZeRO stage (1, 2 or 3)")->check(CLI::Range(1, 3));
@@ -85,17 +88,24 @@ int main(int argc, char** argv) {
   app.add_option("--nvme-path", nvme_path, "also run with offload_optimizer.device = \"nvme\" under this directory");
   app.add_flag("--during-backward", during_backward,
                "also run cpu offload with the optimizer during backward (turns gradient clipping off everywhere)");
+  app.add_flag("--offload-param", offload_param,
+               "also run cpu optimizer offload with offload_param.device = \"cpu\" (needs --stage 3)");
   CLI11_PARSE(app, argc, argv);
+  if (offload_param && stage != 3) {
+    std::fprintf(stderr, "offload_step: --offload-param needs --stage 3 (only ZeRO-3 partitions parameters)\n");
+    return 2;
+  }
   const auto env = tessera::transport::LaunchEnv::from_env();
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world_size)));
   tessera::data::ByteCorpus corpus(tessera::data::ByteCorpus::default_paths());
 
-  enum class Placement { none, cpu, cpu_during_backward, nvme };
+  enum class Placement { none, cpu, cpu_during_backward, cpu_with_parameters, nvme };
   auto make = [&](Placement placement) {
     Run r;
     r.name = placement == Placement::none                  ? "no_offload"
              : placement == Placement::cpu                 ? "offload_cpu"
              : placement == Placement::cpu_during_backward ? "offload_cpu_during_backward"
+             : placement == Placement::cpu_with_parameters ? "offload_cpu_and_parameters"
                                                            : "offload_nvme";
     r.model = std::make_shared<tessera::nn::TinyGpt>(gpt);
     std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(micro) + "\ngradient_clipping = " +
@@ -111,6 +121,8 @@ int main(int argc, char** argv) {
               std::to_string(buffer_count) + "\n";
     if (placement == Placement::nvme) toml += "nvme_path = \"" + nvme_path + "\"\n";
     if (placement == Placement::cpu_during_backward) toml += "[tessera.offload]\noptimizer_during_backward = true\n";
+    if (placement == Placement::cpu_with_parameters)
+      toml += "[zero_optimization.offload_param]\ndevice = \"cpu\"\npin_memory = true\n";
     r.engine = tessera::initialize(r.model->module(),
                                    tessera::config::load_config_text(toml, tessera::config::Format::toml, "offload_step"))
                    .engine;
@@ -120,6 +132,7 @@ int main(int argc, char** argv) {
   runs.push_back(make(Placement::none));
   runs.push_back(make(Placement::cpu));
   if (during_backward) runs.push_back(make(Placement::cpu_during_backward));
+  if (offload_param) runs.push_back(make(Placement::cpu_with_parameters));
   if (!nvme_path.empty()) runs.push_back(make(Placement::nvme));
   int64_t parameters = 0;
   for (const auto& p : runs[0].model->module()->parameters()) parameters += p.numel();
@@ -165,13 +178,13 @@ int main(int argc, char** argv) {
                 "\"step_ms\":%.2f,\"min_step_ms\":%.2f,\"ratio_to_no_offload\":%.3f,\"update_ms\":%.2f,"
                 "\"offload_copy_ms\":%.3f,\"offload_wait_ms\":%.3f,\"copy_hidden_fraction\":%.3f,"
                 "\"device_mb\":%.2f,\"device_master_mb\":%.2f,\"device_states_mb\":%.2f,"
-                "\"host_master_mb\":%.2f,\"host_states_mb\":%.2f,\"host_staging_mb\":%.2f,\"peak_rss_mb\":%.1f,"
+                "\"host_parameters_mb\":%.2f,\"host_master_mb\":%.2f,\"host_states_mb\":%.2f,\"host_staging_mb\":%.2f,\"peak_rss_mb\":%.1f,"
                 "\"gradient_clipping\":%s,\"updated_before_step\":%.1f}\n",
                 r.name.c_str(), stage, dtype.c_str(), env.world_size, static_cast<long long>(parameters),
                 static_cast<long long>(sub_group), buffer_count, rounds, steps, median(r.step_ms),
                 *std::min_element(r.step_ms.begin(), r.step_ms.end()), median(ratios),
                 median(r.update_ms), median(r.copy_ms), median(r.wait_ms), hidden, m.total() * mib, m.master * mib,
-                m.optimizer_states * mib, m.host.master * mib, m.host.optimizer_states * mib, m.host.staging * mib,
+                m.optimizer_states * mib, m.host.parameters * mib, m.host.master * mib, m.host.optimizer_states * mib, m.host.staging * mib,
                 double(u.ru_maxrss) / 1024.0, during_backward ? "0.0" : "1.0", median(r.early));
   }
   if (nvme_path.empty()) return 0;

@@ -252,9 +252,9 @@ class Checker {
     }
     // Modelled and checked, but not in the engine yet: listed as not yet supported, so that
     // `config check` says so and the engine refuses them by this list. Optimizer offload to host
-    // memory and to NVMe is supported (the offload actor, NVMe swap files); parameter offload is not yet.
-    if (!op.is_auto && op.value != OffloadDevice::none)
-      unsupported(p + "offload_param.device", std::string("\"") + name_of(op.value) + "\"", "parameter offload");
+    // memory and to NVMe and parameter offload to host memory are supported; parameters on NVMe are not yet.
+    if (!op.is_auto && op.value == OffloadDevice::nvme)
+      unsupported(p + "offload_param.device", "\"nvme\"", "parameter offload to NVMe");
     struct ZeroPP { const char* key; bool on; };
     for (const ZeroPP& feature : {ZeroPP{"zero_quantized_weights", z.zero_quantized_weights},
                                   ZeroPP{"zero_quantized_nontrainable_weights", z.zero_quantized_nontrainable_weights},

@@ -8,8 +8,8 @@
 namespace tessera::zero {
 
 Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std::vector<at::Tensor>& parameters,
-                                   at::ScalarType dtype, const Fill& fill)
-    : plan_(&plan), rank_(rank) {
+                                   at::ScalarType dtype, const Fill& fill, WeightHome home)
+    : plan_(&plan), rank_(rank), home_(home) {
   if (plan.stage() != 3) throw Error("Stage3Parameters: the sharding plan is for stage " + std::to_string(plan.stage()));
   if (parameters.size() != plan.parameters().size())
     throw Error("Stage3Parameters: " + std::to_string(parameters.size()) + " parameters for a plan of " +
@@ -18,8 +18,11 @@ Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std
     throw Error("Stage3Parameters: rank " + std::to_string(rank) + " outside [0, " + std::to_string(plan.world()) + ")");
   options_ = at::TensorOptions().dtype(dtype).device(parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().device());
   c10::AutoGradMode no_grad(false);
+  auto weight_options = options_;
+  if (home != WeightHome::with_units)  // pinned memory exists only beside a GPU
+    weight_options = options_.device(c10::kCPU).pinned_memory(home == WeightHome::host_pinned && options_.device().is_cuda());
   for (size_t g = 0; g < plan.groups().size(); ++g)
-    weights_.push_back(at::zeros({plan.weight_buffer_elements(int64_t(g))}, options_));
+    weights_.push_back(at::zeros({plan.weight_buffer_elements(int64_t(g))}, weight_options));
   const auto& segments = plan.segments();
   // Values of a segment's parameters into `gathered` (its padded_numel), then the parameters rebound to views of it.
   auto place = [&](const Stage3Segment& s, const at::Tensor& gathered) {

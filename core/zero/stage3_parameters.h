@@ -13,6 +13,9 @@
 // them (set_data), copies this rank's pieces into the partitions and releases the unit, one unit
 // at a time: peak memory is the model as the caller built it plus the largest unit.
 //
+// With WeightHome::host the weight buffers (partitions, persistent segments) are host memory and
+// the persistent parameters views of it: parameter offload.
+//
 // Example: 2 ranks, l1.weight (3, 5) in unit l1: its storage holds 16 elements (15 + 1 padding)
 // while gathered, 0 bytes while released; rank 1's partition holds l1.weight's flat [8, 15).
 #pragma once
@@ -30,6 +33,11 @@
 
 namespace tessera::zero {
 
+// Where the weight buffers live: beside the units (the parameters' device), or in host memory
+// (zero_optimization.offload_param.device = "cpu"; page-locked when asked and the units are on a
+// GPU). Units are always on the parameters' device; a gather copies the pieces there.
+enum class WeightHome : uint8_t { with_units, host, host_pinned };
+
 class Stage3Parameters {
  public:
   // `parameters`: the plan's parameters in its order (model-wide index), full-shaped, one device.
@@ -37,13 +45,14 @@ class Stage3Parameters {
   // of them being copied from the parameter (a parameter cut at construction has no memory).
   using Fill = std::function<bool(int64_t param, const at::Tensor& view)>;
   Stage3Parameters(const ShardingPlan& plan, int rank, const std::vector<at::Tensor>& parameters, at::ScalarType dtype,
-                   const Fill& fill = nullptr);
+                   const Fill& fill = nullptr, WeightHome home = WeightHome::with_units);
   ~Stage3Parameters();
   Stage3Parameters(const Stage3Parameters&) = delete;
   Stage3Parameters& operator=(const Stage3Parameters&) = delete;
 
   const ShardingPlan& plan() const { return *plan_; }
   int rank() const { return rank_; }
+  WeightHome home() const { return home_; }
   const at::Tensor& weight_buffer(int64_t group) const { return weights_.at(size_t(group)); }
   at::Tensor partition(int64_t group) const;
   // This rank's piece of a segment: [partition_numel] inside its group's partition.
@@ -69,8 +78,9 @@ class Stage3Parameters {
   };
   const ShardingPlan* plan_;
   int rank_;
-  at::TensorOptions options_;
-  std::vector<at::Tensor> weights_;  // per flat group
+  WeightHome home_;
+  at::TensorOptions options_;        // of the units
+  std::vector<at::Tensor> weights_;  // per flat group, where home_ says
   std::vector<UnitStorage> units_;
 };
 

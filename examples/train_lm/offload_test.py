@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""train_lm with the offload presets as users run them: configs/zero2_offload_cpu.toml and LLaMA-Factory's
-ds_z2_offload_config.json and ds_z3_partial_offload_config.json (configs/deepspeed/) as shipped, and
-configs/zero3_offload_nvme.toml with only its nvme_path pointed at a scratch directory, each against
-the same file with the offload block's device set to "none". LLaMA-Factory's ds_z3_offload_config.json
-(parameter offload, not in tessera yet) is refused naming the key. 2 ranks, 3 steps, a checkpoint at the
+"""train_lm with the offload presets as users run them: configs/zero2_offload_cpu.toml,
+configs/zero3_offload_cpu.toml (optimizer and parameters in host memory) and LLaMA-Factory's
+ds_z2_offload_config.json, ds_z3_offload_config.json and ds_z3_partial_offload_config.json
+(configs/deepspeed/) as shipped, and configs/zero3_offload_nvme.toml with only its nvme_path pointed
+at a scratch directory, each against the same file with the offload blocks' devices set to "none".
+ds_z3_offload_config.json with its parameters sent to NVMe (not in tessera yet) is refused naming
+the key. 2 ranks, 3 steps, a checkpoint at the
 end: every tensor of the run without offload's checkpoint (weights, fp32 masters, Adam states) is in
 the offloaded run's, byte for byte (in fp32 the offloaded run also saves its host master: the
 weights' bytes, or at stage 3 a slice of them); the NVMe run leaves no swap file behind. Negative
@@ -64,6 +66,9 @@ def without_offload(text):
     out, n = re.subn(r'(\[zero_optimization\.offload_optimizer\]\s*\ndevice\s*=\s*)"(cpu|nvme)"', r'\1"none"', text)
     if n != 1:
         sys.exit("the preset's offload_optimizer.device was not found")
+    out, n = re.subn(r'(\[zero_optimization\.offload_param\]\s*\ndevice\s*=\s*)"(cpu|nvme)"', r'\1"none"', out)
+    if n > 1:
+        sys.exit("the preset has more than one offload_param.device")
     return out
 
 
@@ -75,16 +80,25 @@ try:
         cpu = f.read()
     presets.append(("zero2_offload_cpu", os.path.join(source, "configs", "zero2_offload_cpu.toml"),
                     write("zero2_none.toml", without_offload(cpu))))
+    with open(os.path.join(source, "configs", "zero3_offload_cpu.toml")) as f:
+        zero3_cpu = f.read()
+    if '[zero_optimization.offload_param]\ndevice = "cpu"' not in zero3_cpu:
+        sys.exit("zero3_offload_cpu.toml: its parameters are not offloaded")
+    presets.append(("zero3_offload_cpu", os.path.join(source, "configs", "zero3_offload_cpu.toml"),
+                    write("zero3_cpu_none.toml", without_offload(zero3_cpu))))
     with open(os.path.join(source, "configs", "zero3_offload_nvme.toml")) as f:
         nvme = f.read().replace('"/local_nvme"', f'"{swap}"')
     presets.append(("zero3_offload_nvme", write("zero3_nvme.toml", nvme), write("zero3_none.toml", without_offload(nvme))))
-    for name in ("llamafactory_ds_z2_offload_config", "llamafactory_ds_z3_partial_offload_config"):
+    for name in ("llamafactory_ds_z2_offload_config", "llamafactory_ds_z3_offload_config",
+                 "llamafactory_ds_z3_partial_offload_config"):
         path = os.path.join(source, "configs", "deepspeed", name + ".json")
         with open(path) as f:
             ds = json.load(f)
         if ds["zero_optimization"]["offload_optimizer"]["device"] != "cpu":
             sys.exit(f"{path}: its optimizer is not offloaded")
         ds["zero_optimization"]["offload_optimizer"]["device"] = "none"
+        if "offload_param" in ds["zero_optimization"]:
+            ds["zero_optimization"]["offload_param"]["device"] = "none"
         presets.append((name, path, write(name + "_none.json", json.dumps(ds))))
     for name, offloaded, plain in presets:
         a, b = os.path.join(work, name + "_offload"), os.path.join(work, name + "_none")
@@ -118,10 +132,12 @@ try:
     tc, fc = tensor_files(control)
     if all(filecmp.cmp(os.path.join(ta, n), os.path.join(tc, n), shallow=False) for n in fa):
         sys.exit("negative control: another lr wrote the same checkpoint")
-    refused = run(os.path.join(source, "configs", "deepspeed", "llamafactory_ds_z3_offload_config.json"),
-                  os.path.join(work, "refused"), fails=True)
-    if "zero_optimization.offload_param.device" not in refused or "not yet supported" not in refused:
-        sys.exit("ds_z3_offload_config.json: not refused by name:\n" + refused[-2000:])
+    with open(os.path.join(source, "configs", "deepspeed", "llamafactory_ds_z3_offload_config.json")) as f:
+        ds = json.load(f)
+    ds["zero_optimization"]["offload_param"].update(device="nvme", nvme_path=swap)
+    refused = run(write("z3_param_nvme.json", json.dumps(ds)), os.path.join(work, "refused"), fails=True)
+    if 'zero_optimization.offload_param.device = "nvme": not yet supported' not in refused:
+        sys.exit("parameters on NVMe: not refused by name:\n" + refused[-2000:])
     left = os.listdir(swap)
     if left:
         sys.exit(f"swap files left behind in {swap}: {left}")

@@ -352,8 +352,9 @@ TEST_CASE("Bad settings are refused before the model changes", "[engine]") {
                     Catch::Contains("stage3_param_persistence_threshold"));
   CHECK_THROWS_WITH(
       tessera::initialize(model.module(),
-                          load(opt + "[zero_optimization]\nstage = 3\n[zero_optimization.offload_param]\ndevice = \"cpu\"\n")),
-      Catch::Contains("zero_optimization.offload_param.device = \"cpu\": not yet supported (parameter offload)"));
+                          load(opt + "[zero_optimization]\nstage = 3\n[zero_optimization.offload_param]\ndevice = \"nvme\"\n"
+                                     "nvme_path = \"/tmp\"\n")),
+      Catch::Contains("zero_optimization.offload_param.device = \"nvme\": not yet supported (parameter offload to NVMe)"));
   CHECK_THROWS_WITH(
       tessera::initialize(model.module(),
                           load(opt + "[zero_optimization]\nstage = 0\n[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n")),
