@@ -71,17 +71,7 @@ std::shared_ptr<Engine> engine_for(const Trainee& t, const Setup& s, const tesse
 
 tessera::transport::Communicator& test_comm() { return test_communicator("offload_nvme_test"); }
 
-// A directory every rank of this launch names alike, emptied by rank 0 before anyone uses it and
-// after every rank is done with what it held (Catch runs a test case again for each section, and
-// a section may end on a rank before another has read its file).
-std::string fresh_dir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("tessera_nvme_" + env_string("TESSERA_JOB", "solo") + "_" + name);
-  if (kWorld > 1) test_comm().barrier()->wait();
-  if (kRank == 0) fs::remove_all(dir);
-  if (kWorld > 1) test_comm().barrier()->wait();
-  fs::create_directories(dir);
-  return dir.string();
-}
+std::string fresh_dir(const std::string& name) { return fresh_shared_dir(test_comm(), "tessera_nvme", name); }
 
 std::string swap_file(const std::string& dir) { return dir + "/tessera_optimizer_rank" + std::to_string(kRank) + ".swap"; }
 
@@ -252,12 +242,8 @@ TEST_CASE("Negative control: an NVMe-offloaded run with another weight decay dif
   Setup plain{2, ""};
   Setup other = nvme(plain, dir);
   other.weight_decay = 0.02;
-  auto a = trainee(), b = trainee();
-  auto on_device = engine_for(a, plain);
-  auto on_nvme = engine_for(b, other);
-  train(*on_device, a, 0, 2);
-  train(*on_nvme, b, 0, 2);
-  CHECK_FALSE(differing(buffers(*on_device), buffers(*on_nvme)).empty());
+  expect_training_differs(trainee, [&](const Trainee& t) { return engine_for(t, plain); },
+                          [&](const Trainee& t) { return engine_for(t, other); });
 }
 
 }  // namespace

@@ -14,8 +14,6 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
-#include <filesystem>
-
 #include "actors/engine/engine.h"
 #include "core/config/load.h"
 #include "tests/engine/engine_test_support.h"
@@ -23,8 +21,6 @@
 #include "tests/engine/storage_snapshot.h"
 #include "tests/engine/test_communicator.h"
 #include "transport/communicator.h"
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -61,21 +57,7 @@ std::shared_ptr<Engine> engine_for(const Trainee& t, const Setup& s) {
 
 tessera::transport::Communicator& test_comm() { return test_communicator("offload_param_test"); }
 
-// A directory every rank of this launch names alike, emptied by rank 0 before anyone uses it.
-std::string fresh_dir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("tessera_offload_param_" + env_string("TESSERA_JOB", "solo") + "_" + name);
-  if (kWorld > 1) test_comm().barrier()->wait();
-  if (kRank == 0) fs::remove_all(dir);
-  if (kWorld > 1) test_comm().barrier()->wait();
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-void expect_same(Engine& a, Engine& b) {
-  const auto diff = differing(buffers(a), buffers(b));
-  INFO(diff.size() << " buffers differ, first " << first(diff));
-  CHECK(diff.empty());
-}
+std::string fresh_dir(const std::string& name) { return fresh_shared_dir(test_comm(), "tessera_offload_param", name); }
 
 TEST_CASE("Parameter offload trains bit for bit as ZeRO-3 with the parameters on the device", "[offload_param]") {
   struct Case { const char* name; std::string precision; OptimizerHome optimizer; };
@@ -94,7 +76,7 @@ TEST_CASE("Parameter offload trains bit for bit as ZeRO-3 with the parameters on
     auto on_device = engine_for(a, plain);
     auto on_host = engine_for(b, offloaded);
     CHECK(train(*on_device, a, 0, 4) == train(*on_host, b, 0, 4));
-    expect_same(*on_device, *on_host);
+    expect_same_buffers(*on_device, *on_host);
     CHECK(on_device->last_grad_norm() == on_host->last_grad_norm());
 
     // Where the bytes are: the weight buffers in host memory, the gathered units on the device.
@@ -124,7 +106,7 @@ TEST_CASE("A gathered_parameters() write-back lands in the host partitions", "[o
     }
     train(engine, *t, 1, 3);
   }
-  expect_same(*on_device, *on_host);
+  expect_same_buffers(*on_device, *on_host);
 }
 
 TEST_CASE("offload_states/reload_states and checkpoints with parameter offload, bit for bit", "[offload_param][checkpoint]") {
@@ -144,27 +126,16 @@ TEST_CASE("offload_states/reload_states and checkpoints with parameter offload, 
     INFO(changed.size() << " buffers changed by the round trip");
     CHECK(changed.empty());
     CHECK(train(*never, a, 2, 4) == train(*parked, b, 2, 4));
-    expect_same(*never, *parked);
+    expect_same_buffers(*never, *parked);
   }
   SECTION("checkpoints move between a run with parameter offload and one without") {
     for (const bool save_offloaded : {true, false}) {
       INFO((save_offloaded ? "saved with parameter offload" : "loaded with parameter offload"));
       const auto dir = fresh_dir(save_offloaded ? "from_host" : "to_host");
-      Setup on_device{""}, offloaded{"", true, OptimizerHome::cpu};
-      const Setup& saver = save_offloaded ? offloaded : on_device;
-      const Setup& loader = save_offloaded ? on_device : offloaded;
-      auto whole = trainee();
-      auto uninterrupted = engine_for(whole, saver);
-      train(*uninterrupted, whole, 0, 4);
-      auto part = trainee();
-      auto first_half = engine_for(part, saver);
-      train(*first_half, part, 0, 2);
-      first_half->save_checkpoint(dir);
-      auto rest = trainee();
-      auto second_half = engine_for(rest, loader);
-      second_half->load_checkpoint(dir);
-      train(*second_half, rest, 2, 4);
-      expect_same(*uninterrupted, *second_half);
+      const Setup on_device{""}, offloaded{"", true, OptimizerHome::cpu};
+      const Setup saver = save_offloaded ? offloaded : on_device, loader = save_offloaded ? on_device : offloaded;
+      expect_resume_as_uninterrupted(trainee, [&](const Trainee& t) { return engine_for(t, saver); },
+                                     [&](const Trainee& t) { return engine_for(t, loader); }, dir);
     }
   }
 }
@@ -187,12 +158,8 @@ TEST_CASE("Parameter offload below stage 3 or to NVMe is refused by name", "[off
 TEST_CASE("Negative control: a parameter-offloaded run with another weight decay differs", "[offload_param]") {
   Setup plain{""}, other{"", true, OptimizerHome::cpu};
   other.weight_decay = 0.02;
-  auto a = trainee(), b = trainee();
-  auto on_device = engine_for(a, plain);
-  auto on_host = engine_for(b, other);
-  train(*on_device, a, 0, 2);
-  train(*on_host, b, 0, 2);
-  CHECK_FALSE(differing(buffers(*on_device), buffers(*on_host)).empty());
+  expect_training_differs(trainee, [&](const Trainee& t) { return engine_for(t, plain); },
+                          [&](const Trainee& t) { return engine_for(t, other); });
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 
 #include "actors/actor_runtime.h"
@@ -27,8 +26,6 @@
 #include "tests/engine/storage_snapshot.h"
 #include "tests/engine/test_communicator.h"
 #include "transport/communicator.h"
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -154,13 +151,7 @@ TEST_CASE("Optimizer offload against torch::optim::AdamW on the averaged gradien
 
 tessera::transport::Communicator& test_comm() { return test_communicator("offload_test"); }
 
-// A directory every rank of this launch names alike, emptied by rank 0 before anyone uses it.
-std::string fresh_dir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("tessera_offload_" + env_string("TESSERA_JOB", "solo") + "_" + name);
-  if (kRank == 0) fs::remove_all(dir);
-  if (kWorld > 1) test_comm().barrier()->wait();
-  return dir.string();
-}
+std::string fresh_dir(const std::string& name) { return fresh_shared_dir(test_comm(), "tessera_offload", name); }
 
 TEST_CASE("Checkpoints move between offloaded and on-device optimizers bit for bit", "[offload][checkpoint]") {
   for (const bool save_offloaded : {true, false}) {
@@ -170,23 +161,8 @@ TEST_CASE("Checkpoints move between offloaded and on-device optimizers bit for b
       const auto dir = fresh_dir(std::string(save_offloaded ? "from_host" : "to_host") + (precision.empty() ? "_fp32" : "_bf16"));
       Setup saver{3, precision}, loader{3, precision};
       (save_offloaded ? saver : loader).offload = true;
-      // The uninterrupted run.
-      auto whole = trainee();
-      auto uninterrupted = engine_for(whole, saver);
-      train(*uninterrupted, whole, 0, 4);
-      // Saved after 2 steps, loaded by the other kind into a fresh model, 2 more steps.
-      auto part = trainee();
-      auto first_half = engine_for(part, saver);
-      train(*first_half, part, 0, 2);
-      first_half->save_checkpoint(dir);
-      auto rest = trainee();
-      auto second_half = engine_for(rest, loader);
-      second_half->load_checkpoint(dir);
-      train(*second_half, rest, 2, 4);
-      const auto diff = differing(buffers(*uninterrupted), buffers(*second_half));
-      INFO(diff.size() << " buffers differ, first " << first(diff));
-      CHECK(diff.empty());
-      CHECK(uninterrupted->global_steps() == second_half->global_steps());
+      expect_resume_as_uninterrupted(trainee, [&](const Trainee& t) { return engine_for(t, saver); },
+                                     [&](const Trainee& t) { return engine_for(t, loader); }, dir);
     }
   }
 }
@@ -195,12 +171,8 @@ TEST_CASE("Negative control: an offloaded run with another weight decay differs"
   Setup plain{2, ""};
   Setup other = plain;
   other.offload = true, other.weight_decay = 0.02;
-  auto a = trainee(), b = trainee();
-  auto on_device = engine_for(a, plain);
-  auto on_host = engine_for(b, other);
-  train(*on_device, a, 0, 2);
-  train(*on_host, b, 0, 2);
-  CHECK_FALSE(differing(buffers(*on_device), buffers(*on_host)).empty());
+  expect_training_differs(trainee, [&](const Trainee& t) { return engine_for(t, plain); },
+                          [&](const Trainee& t) { return engine_for(t, other); });
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
-// What the optimizer-offload tests share: the small GPT trained at 8 sequences an update in 2
-// micro-steps, the config text every one of them starts from, and the plain training loop.
+// What the offload tests share: the small GPT trained at 8 sequences an update in 2
+// micro-steps, the config text every one of them starts from, the plain training loop, shared
+// directories, and the comparisons (same buffers, resume as one run, the negative control).
 #pragma once
 
 #include <torch/nn/module.h>
 
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,6 +15,8 @@
 #include "actors/engine/engine.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/engine/storage_snapshot.h"
+#include "tests/engine/test_communicator.h"
 
 namespace tessera::offload_testing {
 
@@ -68,5 +73,58 @@ inline std::vector<double> train(Engine& engine, const Trainee& t, int from, int
 }
 
 inline std::string first(const std::vector<std::string>& keys) { return keys.empty() ? "" : keys.front(); }
+
+// Every stored buffer of two engines bitwise equal (the first differing one named).
+inline void expect_same_buffers(const Engine& a, const Engine& b) {
+  const auto diff = engine_testing::differing(engine_testing::buffers(a), engine_testing::buffers(b));
+  INFO(diff.size() << " buffers differ, first " << first(diff));
+  CHECK(diff.empty());
+}
+
+// A directory every rank of this launch names alike (<prefix>_<job>_<name> under the temp
+// directory), emptied by rank 0 after every rank is done with what it held there (Catch runs a
+// test case again for each section, and a section may end on one rank before another has read
+// its file) and before anyone uses it.
+inline std::string fresh_shared_dir(transport::Communicator& comm, const std::string& prefix, const std::string& name) {
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / (prefix + "_" + engine_testing::env_string("TESSERA_JOB", "solo") + "_" + name);
+  if (kWorld > 1) comm.barrier()->wait();
+  if (kRank == 0) fs::remove_all(dir);
+  if (kWorld > 1) comm.barrier()->wait();
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+using EngineMaker = std::function<std::shared_ptr<Engine>(const Trainee&)>;  // an engine for a trainee
+
+// The negative control: two engines for two fresh trainees, 2 updates each; some buffer must differ.
+inline void expect_training_differs(const std::function<Trainee()>& make, const EngineMaker& a,
+                                    const EngineMaker& b) {
+  auto ta = make(), tb = make();
+  auto ea = a(ta), eb = b(tb);
+  train(*ea, ta, 0, 2);
+  train(*eb, tb, 0, 2);
+  CHECK_FALSE(engine_testing::differing(engine_testing::buffers(*ea), engine_testing::buffers(*eb)).empty());
+}
+
+// Checkpoints as one uninterrupted run: an engine made by `saver` trains 4 updates; another trains
+// 2 and saves into `dir`; one made by `loader` for a fresh trainee loads it and trains updates 2-3.
+// Its buffers and step count must be the uninterrupted run's.
+inline void expect_resume_as_uninterrupted(const std::function<Trainee()>& make, const EngineMaker& saver,
+                                           const EngineMaker& loader, const std::string& dir) {
+  auto whole = make();
+  auto uninterrupted = saver(whole);
+  train(*uninterrupted, whole, 0, 4);
+  auto part = make();
+  auto first_half = saver(part);
+  train(*first_half, part, 0, 2);
+  first_half->save_checkpoint(dir);
+  auto rest = make();
+  auto second_half = loader(rest);
+  second_half->load_checkpoint(dir);
+  train(*second_half, rest, 2, 4);
+  expect_same_buffers(*uninterrupted, *second_half);
+  CHECK(uninterrupted->global_steps() == second_half->global_steps());
+}
 
 }  // namespace tessera::offload_testing
