@@ -32,6 +32,9 @@ struct OptimizerOffload {
   std::string nvme_path;    // nvme: the directory of the swap files
   io::AioSettings aio;      // nvme: how the swap files are read and written
   UpdateTiming update = UpdateTiming::in_step;
+  // Partial offload (offload_optimizer.ratio): the first ratio x (the rank's sub-groups, in update
+  // order) at `placement`, the rest beside the parameters (host only; 1: all of them).
+  double ratio = 1.0;
   bool off_device() const { return placement != StatePlacement::device; }
 };
 

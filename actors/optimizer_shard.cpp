@@ -8,10 +8,10 @@
 #include "actors/actor_runtime.h"
 #include "actors/ask.h"
 #include "actors/offload.h"
+#include "actors/optimizer_state_placement.h"
 #include "actors/parked_reply.h"
 #include "core/elapsed.h"
-#include "core/optim/nvme_state_store.h"
-#include "core/optim/state_store.h"
+#include "core/error.h"
 
 namespace tessera::actors {
 namespace {
@@ -31,6 +31,7 @@ struct OptimizerShardState {
   int64_t staging_bytes = 0;
   zero::ParkedStorages parked;  // offload_states: masters and states moved to host memory
   optim::NvmeStateStore* nvme = nullptr;  // the store, when it is the NVMe one
+  optim::SplitStateStore* split = nullptr;  // the store, when only part of it is offloaded (ratio < 1)
   // Update during backward: the boundary backward's early updates, until step() ends them.
   struct Early {
     bool started = false;
@@ -44,6 +45,11 @@ struct OptimizerShardState {
   // Every collective behind a request has its own timeout; this bound only guards against a lost actor.
   std::chrono::milliseconds bound() const { return 3 * spec->timeout + std::chrono::seconds(10); }
 
+  // Whether sub-group s of group g steps on the host (optimizer offload, all or its share).
+  bool on_host(size_t g, size_t s) const { return offload && (!split || split->on_host(int64_t(g), int64_t(s))); }
+
+  // The sub-groups that step beside the parameters (all without offload, none with all offloaded),
+  // in place; the step count is step()'s.
   void update(const StepRequest& request, const GradientsReady& ready, const Buffers& parameters) {
     const auto& groups = spec->plan->groups();
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -52,6 +58,7 @@ struct OptimizerShardState {
       const auto& grad = ready.partitions.at(g);
       const auto& param = parameters.tensors.at(g);
       for (size_t s = 0; s < sub_groups[g].size(); ++s) {
+        if (on_host(g, s)) continue;
         const auto [begin, end] = sub_groups[g][s];
         auto state = store->acquire(int64_t(g), int64_t(s));
         auto target_param = param.narrow(0, begin, end - begin);
@@ -62,7 +69,6 @@ struct OptimizerShardState {
         store->release(int64_t(g), int64_t(s));
       }
     }
-    ++updates;
   }
 
   // Optimizer offload: the masters and states are in host memory. Sub-group by sub-group, in the
@@ -75,7 +81,8 @@ struct OptimizerShardState {
     struct Piece { size_t g, s; int64_t begin, end; };
     std::vector<Piece> pieces;
     for (size_t g = 0; g < sub_groups.size(); ++g)
-      for (size_t s = 0; s < sub_groups[g].size(); ++s) pieces.push_back({g, s, sub_groups[g][s].first, sub_groups[g][s].second});
+      for (size_t s = 0; s < sub_groups[g].size(); ++s)
+        if (on_host(g, s)) pieces.push_back({g, s, sub_groups[g][s].first, sub_groups[g][s].second});
     caf::scoped_actor self{actor_system()};
     std::exception_ptr failure;
     auto fail = [&](const std::string& what) {
@@ -159,7 +166,6 @@ struct OptimizerShardState {
       report.swap = swap_step(swap_before, nvme->stats());
     }
     if (failure) std::rethrow_exception(failure);
-    ++updates;
   }
 
   // Update during backward: while the boundary backward runs, each sub-group the reducer names
@@ -210,6 +216,7 @@ struct OptimizerShardState {
                                                     " of group " + std::to_string(g) + " is not one of this shard's"));
         break;
       }
+      if (!on_host(g, sub)) continue;  // the device's share steps in step(), beside the parameters
       HostGradients host;
       auto t0 = std::chrono::steady_clock::now();
       self->request(offload, bound(), to_host_atom::value, GradientsToHost{0, final.gradients})
@@ -257,10 +264,11 @@ struct OptimizerShardState {
     const auto t0 = std::chrono::steady_clock::now();
     int64_t i = 0;
     for (size_t g = 0; g < sub_groups.size() && !failure; ++g)
-      for (size_t sub = 0; sub < sub_groups[g].size() && !failure; ++sub, ++i) {
+      for (size_t sub = 0; sub < sub_groups[g].size() && !failure; ++sub) {
+        if (!on_host(g, sub)) continue;
         const auto [begin, end] = sub_groups[g][sub];
         auto state = store->acquire(int64_t(g), int64_t(sub));
-        WeightsToDevice out{i % staging_slots, state.master, parameters.tensors.at(g).narrow(0, begin, end - begin)};
+        WeightsToDevice out{i++ % staging_slots, state.master, parameters.tensors.at(g).narrow(0, begin, end - begin)};
         leaving.emplace_back(self->request(offload, bound(), to_device_atom::value, std::move(out)), std::make_pair(g, sub));
         while (leaving.size() >= size_t(staging_slots) && !failure) weights_left();
       }
@@ -269,16 +277,18 @@ struct OptimizerShardState {
     if (failure) std::rethrow_exception(failure);
   }
 
-  // step() after update_during_backward(): the same request, every sub-group updated once.
-  void finish_early(const StepRequest& request, const Buffers& parameters, StepReport& report) {
+  // step() after update_during_backward(): the same request, every host sub-group updated once,
+  // then the device's share (ratio < 1) in place.
+  void finish_early(const StepRequest& request, const GradientsReady& ready, const Buffers& parameters, StepReport& report) {
     auto e = std::exchange(early, Early{});
     updated_this_step = e.updated;  // what a failure below leaves updated
     if (e.error) std::rethrow_exception(e.error);
     size_t pieces = 0;
-    for (const auto& g : sub_groups) pieces += g.size();
+    for (size_t g = 0; g < sub_groups.size(); ++g)
+      for (size_t sub = 0; sub < sub_groups[g].size(); ++sub) pieces += on_host(g, sub) ? 1 : 0;
     if (e.updated != int64_t(pieces))
       throw Error("optimizer-shard (update during backward): " + std::to_string(e.updated) + " of " + std::to_string(pieces) +
-                  " sub-groups were updated");
+                  " host sub-groups were updated");
     for (size_t g = 0; g < request.hyperparameters.size(); ++g) {
       const auto &a = request.hyperparameters[g], &b = e.hyperparameters.at(g);
       if (a.lr != b.lr || a.beta1 != b.beta1 || a.beta2 != b.beta2)
@@ -287,10 +297,10 @@ struct OptimizerShardState {
                     "tessera.offload.optimizer_during_backward the update began with the values of the backward's start");
     }
     write_back(parameters, report);
+    if (split) update(request, ready, parameters);
     report.offload_wait_s += e.wait_s;
     report.offload_copy_s = e.copy_s;
     report.final_before_step = e.final_before_step;
-    ++updates;
   }
 
   static SwapStepStats swap_step(const optim::NvmeStoreStats& before, const optim::NvmeStoreStats& after) {
@@ -307,8 +317,14 @@ struct OptimizerShardState {
   // Sizes only (Engine::memory): no tensors, so an NVMe store pages nothing in.
   OptimizerStates sizes() const {
     OptimizerStates out;
-    out.master_bytes = store->master_bytes();
-    out.state_bytes = store->state_bytes();
+    if (split) {
+      out.master_bytes = split->device_master_bytes(), out.state_bytes = split->device_state_bytes();
+      out.host_master_bytes = split->host_master_bytes(), out.host_state_bytes = split->host_state_bytes();
+    } else if (offload) {
+      out.host_master_bytes = store->master_bytes(), out.host_state_bytes = store->state_bytes();
+    } else {
+      out.master_bytes = store->master_bytes(), out.state_bytes = store->state_bytes();
+    }
     out.workspace_bytes = workspace.bytes();
     out.host = bool(offload);
     out.staging_bytes = staging_bytes;
@@ -343,12 +359,15 @@ struct OptimizerShardState {
     if (!ready.overflow) {
       auto t0 = std::chrono::steady_clock::now();
       auto parameters = checked(ask<Buffers>(parameter_shard, bound(), "parameter-shard (partitions)", partitions_atom::value));
-      if (early.started)
-        finish_early(request, parameters, report);
-      else if (offload)
+      if (early.started) {
+        finish_early(request, ready, parameters, report);
+      } else if (offload) {
+        if (split) update(request, ready, parameters);  // queued first: on a GPU it runs while the host steps
         update_offloaded(request, ready, parameters, report);
-      else
+      } else {
         update(request, ready, parameters);
+      }
+      ++updates;
       report.update_s = seconds_since(t0);
       t0 = std::chrono::steady_clock::now();
       // The gather (parameter communicator) and zeroing the gradients run at the same time.
@@ -431,8 +450,15 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
       [=](park_atom, const ParkRequest& request) -> Parked {
         return parked_reply([&] {
           auto& s = self->state;
-          if (s.offload) return int64_t(0);  // optimizer offload: masters and states live in host memory already
           std::vector<at::Tensor> buffers;
+          if (s.split) {  // partial offload: the device's share moves, the host's is there already
+            s.split->settle();
+            if (request.asks(StateKind::master_weights)) buffers = s.split->device_masters();
+            if (request.asks(StateKind::optimizer_states))
+              for (const auto& t : s.split->device_states()) buffers.push_back(t);
+            return s.parked.park(buffers, request.host);
+          }
+          if (s.offload) return int64_t(0);  // optimizer offload: masters and states live in host memory already
           for (size_t g = 0; g < s.kernels.size(); ++g) {
             if (request.asks(StateKind::master_weights)) buffers.push_back(s.store->partition_master(int64_t(g)));
             if (request.asks(StateKind::optimizer_states))
@@ -455,40 +481,6 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
   };
 }
 
-// Optimizer offload to NVMe: one swap file per rank under nvme_path, filled sub-group by
-// sub-group with the initial master (the partition in the host master's dtype) and states, so that
-// no whole partition of states is ever in host memory. `groups` holds the dtypes and sub-groups.
-std::unique_ptr<optim::StateStore> nvme_store(const EngineSpec& spec,
-                                              const std::vector<std::shared_ptr<optim::OptimizerKernel>>& kernels,
-                                              const std::vector<at::Tensor>& partitions,
-                                              const std::vector<optim::MemoryStateStore::Group>& groups,
-                                              int64_t staging_slots, optim::NvmeStateStore*& out) {
-  std::vector<optim::NvmeStateStore::Group> layout;
-  for (const auto& g : groups) {
-    optim::NvmeStateStore::Group l;
-    l.master_dtype = g.master.scalar_type();
-    for (const auto& t : g.states) l.state_dtypes.push_back(t.scalar_type());
-    l.sub_groups = g.sub_groups;
-    layout.push_back(std::move(l));
-  }
-  auto fill = [&](int64_t g, int64_t sub) {
-    const auto [begin, end] = groups[size_t(g)].sub_groups[size_t(sub)];
-    optim::SubGroupState state;
-    state.master = partitions[size_t(g)].narrow(0, begin, end - begin).to(
-        at::TensorOptions().device(at::kCPU).dtype(groups[size_t(g)].master.scalar_type()), false, /*copy=*/true);
-    state.states = kernels[size_t(g)]->initial_states(state.master);
-    return state;
-  };
-  optim::NvmeStoreOptions options;
-  options.path = spec.optimizer_offload.nvme_path + "/tessera_optimizer_rank" + std::to_string(spec.rank) + ".swap";
-  // The one stepping, the one whose weights are leaving, one read ahead and one written behind.
-  options.buffers = std::max<int64_t>(std::max<int64_t>(3, spec.optimizer_offload.buffer_count), staging_slots > 1 ? 4 : 3);
-  options.aio = spec.optimizer_offload.aio;
-  auto store = std::make_unique<optim::NvmeStateStore>(std::move(layout), fill, options);
-  out = store.get();
-  return store;
-}
-
 }  // namespace
 
 optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> spec,
@@ -496,50 +488,39 @@ optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> sp
                                             const std::vector<at::Tensor>& partitions, gradient_reducer_actor reducer,
                                             parameter_shard_actor parameter_shard) {
   auto s = std::make_shared<OptimizerShardState>();
-  const bool host = spec->optimizer_offload.off_device();
-  const bool nvme = spec->optimizer_offload.placement == StatePlacement::nvme;
-  std::vector<optim::MemoryStateStore::Group> store;
-  int64_t largest_sub_group = 0, sub_group_count = 0;
   for (size_t g = 0; g < partitions.size(); ++g) {
     const auto& plan_group = spec->plan->groups()[g];
-    optim::MemoryStateStore::Group group;
-    const auto& partition = partitions[g];
-    // Offloaded, the master is a host copy even when no fp32 master is asked for (fp32 weights, or
-    // bf16_master_weights_and_grads): in the dtype the device path would step in, so the bits match.
-    const auto host_master = at::TensorOptions().device(at::kCPU).dtype(spec->fp32_master ? at::kFloat : spec->dtype);
-    if (nvme)  // the swap file gets the values sub-group by sub-group (below); here only the dtypes
-      group.master = at::empty({0}, host_master);
-    else if (host)
-      group.master = partition.to(host_master, false, /*copy=*/true);
-    else if (spec->fp32_master)
-      group.master = partition.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    group.states = kernels[g]->initial_states(group.master.defined() ? group.master : partition);
+    std::vector<std::pair<int64_t, int64_t>> subs;
     if (kernels[g]->whole_partition()) {
-      group.sub_groups.push_back({0, plan_group.layout.partition_numel});
+      subs.push_back({0, plan_group.layout.partition_numel});
     } else {
-      for (const auto& sub : plan_group.sub_groups) group.sub_groups.push_back({sub.begin, sub.end});
+      for (const auto& sub : plan_group.sub_groups) subs.push_back({sub.begin, sub.end});
     }
-    for (const auto& [b, e] : group.sub_groups) largest_sub_group = std::max(largest_sub_group, e - b);
-    sub_group_count += int64_t(group.sub_groups.size());
-    s->sub_groups.push_back(group.sub_groups);
-    store.push_back(std::move(group));
+    s->sub_groups.push_back(std::move(subs));
   }
+  const int64_t host_count = host_sub_groups(*spec, kernels, s->sub_groups);
+  const bool host = host_count > 0;  // ratio x count below one sub-group: none offloaded
+  int64_t largest_host_sub_group = 0;
+  int64_t host_left = host_count;
+  for (const auto& subs : s->sub_groups)
+    for (size_t k = 0; k < subs.size() && host_left > 0; ++k, --host_left)
+      largest_host_sub_group = std::max(largest_host_sub_group, subs[k].second - subs[k].first);
   if (host) {
     OffloadStaging staging;
-    // buffer_count slots each way (at least 2: one copying while one steps), no more than there are sub-groups.
+    // buffer_count slots each way (at least 2: one copying while one steps), no more than there are host sub-groups.
     staging.slots = s->staging_slots =
-        std::max<int64_t>(1, std::min(sub_group_count, std::max<int64_t>(2, spec->optimizer_offload.buffer_count)));
-    staging.slot_elements = largest_sub_group;
+        std::max<int64_t>(1, std::min(host_count, std::max<int64_t>(2, spec->optimizer_offload.buffer_count)));
+    staging.slot_elements = largest_host_sub_group;
     staging.weight_dtype = spec->dtype;
     staging.device = spec->device;
     staging.pin_memory = spec->optimizer_offload.pin_memory;
     s->staging_bytes = staging.bytes(spec->accumulation_dtype());
     s->offload = spawn_offload(staging);
   }
-  if (nvme)
-    s->store = nvme_store(*spec, kernels, partitions, store, s->staging_slots, s->nvme);
-  else
-    s->store = std::make_unique<optim::MemoryStateStore>(std::move(store));
+  auto placed = place_optimizer_states(*spec, kernels, partitions, s->sub_groups, host_count, s->staging_slots);
+  s->store = std::move(placed.store);
+  s->nvme = placed.nvme;
+  s->split = placed.split;
   s->spec = std::move(spec);
   s->kernels = std::move(kernels);
   s->reducer = std::move(reducer);

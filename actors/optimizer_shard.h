@@ -1,6 +1,6 @@
 // The optimizer-shard actor owns the optimizer side of this rank's partitions: fp32 masters and
-// optimizer states in a state store (optim::MemoryStateStore now; offload adds host and NVMe
-// stores behind the same interface), stateless optimizer kernels (one per flat group, with its
+// optimizer states in a state store (beside the parameters, in host memory, in an NVMe swap file
+// or split between host and device: optimizer_state_placement.h), stateless optimizer kernels (one per flat group, with its
 // parameter group's settings) and their workspace. It performs one update per `step`:
 //   finish -> the gradient-reducer (waits, unscales, checks overflow, clips; lends partitions)
 //   partitions -> the parameter-shard (lends this rank's parameter partitions)

@@ -279,10 +279,12 @@ struct OptimizerStates {
   std::vector<std::vector<std::string>> state_names;  // per flat group (its kernel's)
   std::vector<at::Tensor> masters;              // per flat group (undefined: the weights are the master)
   std::vector<std::vector<at::Tensor>> states;  // per flat group, in its state_names order
-  int64_t master_bytes = 0;
-  int64_t state_bytes = 0;                      // every state
+  int64_t master_bytes = 0;                     // beside the parameters
+  int64_t state_bytes = 0;                      // every state beside the parameters
+  int64_t host_master_bytes = 0;                // optimizer offload: in host memory (ratio < 1: part)
+  int64_t host_state_bytes = 0;
   int64_t workspace_bytes = 0;                  // the kernels' reusable temporaries (optim::Workspace)
-  bool host = false;                            // optimizer offload: masters and states in host memory
+  bool host = false;                            // optimizer offload: the staging and the workspace in host memory
   int64_t staging_bytes = 0;                    // optimizer offload: the host staging slots
   int64_t swap_buffer_bytes = 0;                // optimizer offload to NVMe: the records' host buffers
   int64_t swap_file_bytes = 0;                  // optimizer offload to NVMe: the swap file

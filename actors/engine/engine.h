@@ -113,7 +113,8 @@ struct EngineMemory {
   int64_t scratch = 0;           // reusable temporaries: the clipping norm's buffer, the optimizer's
                                  // workspace (from the first step on). Not counted: Gloo's own buffers.
   // Offload: what lives in host memory instead (with optimizer offload master and optimizer_states
-  // above are 0; with parameter offload parameters above counts only the gathered units).
+  // above are 0, or with offload_optimizer.ratio < 1 the device's share; with parameter offload
+  // parameters above counts only the gathered units).
   struct Host {
     int64_t parameters = 0;        // parameter offload: the weight partitions and persistent segments
     int64_t master = 0;            // master partitions (also for fp32 weights: the device's are a copy)

@@ -171,6 +171,9 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
           throw ConfigError("zero_optimization.offload_param.device = \"cpu\" on a GPU keeps persistent parameters in "
                             "host memory, which a GPU forward cannot read: not yet supported; set "
                             "zero_optimization.stage3_param_persistence_threshold = 0");
+      if (settings.optimizer_offload != config::OffloadDevice::none && settings.optimizer_offload_ratio < 1.0 && !inference)
+        throw ConfigError("zero_optimization.offload_param.device = \"cpu\" on a GPU with offload_optimizer.ratio < 1: the "
+                          "device's share of the optimizer would update host partitions, which is not yet supported");
       if (settings.optimizer_offload == config::OffloadDevice::none && !inference)
         throw ConfigError("zero_optimization.offload_param.device = \"cpu\" on a GPU needs offload_optimizer.device "
                           "\"cpu\" or \"nvme\" (the update of host partitions by a device optimizer is not yet supported)");
@@ -185,6 +188,7 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
     spec->optimizer_offload.aio = settings.aio;
     spec->optimizer_offload.aio.timeout = spec->timeout;
     spec->optimizer_offload.update = settings.optimizer_update;
+    spec->optimizer_offload.ratio = settings.optimizer_offload_ratio;
     if (settings.optimizer_update == actors::UpdateTiming::during_backward && settings.stage == 2 && size == 1)
       throw ConfigError("tessera.offload.optimizer_during_backward: ZeRO stage 2 on one rank reduces nothing bucket by "
                         "bucket (its gradients are final only when backward ends); use it across ranks or at stage 3");

@@ -57,6 +57,7 @@ struct EngineSettings {
   config::OffloadDevice optimizer_offload = config::OffloadDevice::none;
   bool optimizer_offload_pin_memory = false;
   int64_t optimizer_offload_buffer_count = 0;
+  double optimizer_offload_ratio = 0;  // offload_optimizer.ratio: of the sub-groups, the fraction on the host
   std::string optimizer_offload_nvme_path;  // device nvme: the swap files' directory (exists, writable)
   io::AioSettings aio;                      // the aio block (device nvme)
   // zero_optimization.offload_param (stage 3): device cpu keeps the weight partitions in host memory.

@@ -140,15 +140,15 @@ EngineMemory Engine::memory() const {
   m.scratch = reducer.scratch;
   const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
                                                                            "memory: the optimizer-shard", actors::memory_atom::value));
-  if (states.host) {  // optimizer offload: masters, states and the kernels' workspace in host memory
-    m.host.master = states.master_bytes;
-    m.host.optimizer_states = states.state_bytes;
+  m.master = states.master_bytes;
+  m.optimizer_states = states.state_bytes;
+  m.host.master = states.host_master_bytes;
+  m.host.optimizer_states = states.host_state_bytes;
+  if (states.host) {  // optimizer offload: the staging and the kernels' workspace in host memory
     m.host.staging = states.staging_bytes + states.workspace_bytes;
     m.host.swap_buffers = states.swap_buffer_bytes;
     m.nvme = states.swap_file_bytes;
   } else {
-    m.master = states.master_bytes;
-    m.optimizer_states = states.state_bytes;
     m.scratch += states.workspace_bytes;
   }
   // offload_states: the buffers keep their sizes but their memory is on the host.

@@ -2,7 +2,7 @@
 // "cpu"), and with --nvme-path to NVMe swap files (device = "nvme"), as a ratio to the same training
 // without offload, measured in the same run, interleaved.
 //   tools/tessera-launch --nproc-per-node 2 build/bench/zero_step/offload_step [--stage 2] [--dtype bf16]
-//       [--nvme-path /tmp] [--during-backward] [--offload-param]
+//       [--nvme-path /tmp] [--during-backward] [--offload-param] [--ratio 0.5]
 //
 // Two engines on two copies of train_lm's TinyGpt (same data, same settings but the offload key);
 // every round runs each for --steps steps, the order alternating. ratio_to_no_offload is the
@@ -28,6 +28,9 @@
 //
 // --offload-param (stage 3) adds a run with the parameter partitions in host memory too
 // (offload_param.device = "cpu", beside cpu optimizer offload); host_parameters_mb says what moved.
+//
+// --ratio r (< 1) adds a run with partial offload (offload_optimizer.ratio = r: the first r of each
+// rank's sub-groups on the host, the rest stepped beside the parameters).
 //
 // On a CPU-only machine "device" and host are one memory, so the copies are real memcpys between
 // distinct buffers and the update runs on the same cores either way: what the ratio measures here
@@ -76,6 +79,7 @@ int main(int argc, char** argv) {
   int64_t sub_group = 1'000'000;
   std::string dtype = "bf16", nvme_path;
   bool during_backward = false, offload_param = false;
+  double ratio = 1.0;  // offload_optimizer.ratio of the partial-offload run (1: none)
   app.add_option("--rounds", rounds, "interleaved rounds");
   app.add_option("--steps", steps, "steps per engine and round");
   app.add_option("--stage", stage, "ZeRO stage (1, 2 or 3)")->check(CLI::Range(1, 3));
@@ -88,6 +92,8 @@ int main(int argc, char** argv) {
   app.add_option("--nvme-path", nvme_path, "also run with offload_optimizer.device = \"nvme\" under this directory");
   app.add_flag("--during-backward", during_backward,
                "also run cpu offload with the optimizer during backward (turns gradient clipping off everywhere)");
+  app.add_option("--ratio", ratio, "also run cpu optimizer offload with offload_optimizer.ratio = this (< 1)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--offload-param", offload_param,
                "also run cpu optimizer offload with offload_param.device = \"cpu\" (needs --stage 3)");
   CLI11_PARSE(app, argc, argv);
@@ -99,13 +105,14 @@ int main(int argc, char** argv) {
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world_size)));
   tessera::data::ByteCorpus corpus(tessera::data::ByteCorpus::default_paths());
 
-  enum class Placement { none, cpu, cpu_during_backward, cpu_with_parameters, nvme };
+  enum class Placement { none, cpu, cpu_during_backward, cpu_with_parameters, cpu_partial, nvme };
   auto make = [&](Placement placement) {
     Run r;
     r.name = placement == Placement::none                  ? "no_offload"
              : placement == Placement::cpu                 ? "offload_cpu"
              : placement == Placement::cpu_during_backward ? "offload_cpu_during_backward"
              : placement == Placement::cpu_with_parameters ? "offload_cpu_and_parameters"
+             : placement == Placement::cpu_partial         ? "offload_cpu_partial"
                                                            : "offload_nvme";
     r.model = std::make_shared<tessera::nn::TinyGpt>(gpt);
     std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(micro) + "\ngradient_clipping = " +
@@ -119,6 +126,7 @@ int main(int argc, char** argv) {
       toml += std::string("[zero_optimization.offload_optimizer]\ndevice = \"") +
               (placement == Placement::nvme ? "nvme" : "cpu") + "\"\npin_memory = true\nbuffer_count = " +
               std::to_string(buffer_count) + "\n";
+    if (placement == Placement::cpu_partial) toml += "ratio = " + std::to_string(ratio) + "\n";
     if (placement == Placement::nvme) toml += "nvme_path = \"" + nvme_path + "\"\n";
     if (placement == Placement::cpu_during_backward) toml += "[tessera.offload]\noptimizer_during_backward = true\n";
     if (placement == Placement::cpu_with_parameters)
@@ -133,6 +141,7 @@ int main(int argc, char** argv) {
   runs.push_back(make(Placement::cpu));
   if (during_backward) runs.push_back(make(Placement::cpu_during_backward));
   if (offload_param) runs.push_back(make(Placement::cpu_with_parameters));
+  if (ratio < 1.0) runs.push_back(make(Placement::cpu_partial));
   if (!nvme_path.empty()) runs.push_back(make(Placement::nvme));
   int64_t parameters = 0;
   for (const auto& p : runs[0].model->module()->parameters()) parameters += p.numel();
@@ -179,13 +188,14 @@ int main(int argc, char** argv) {
                 "\"offload_copy_ms\":%.3f,\"offload_wait_ms\":%.3f,\"copy_hidden_fraction\":%.3f,"
                 "\"device_mb\":%.2f,\"device_master_mb\":%.2f,\"device_states_mb\":%.2f,"
                 "\"host_parameters_mb\":%.2f,\"host_master_mb\":%.2f,\"host_states_mb\":%.2f,\"host_staging_mb\":%.2f,\"peak_rss_mb\":%.1f,"
-                "\"gradient_clipping\":%s,\"updated_before_step\":%.1f}\n",
+                "\"gradient_clipping\":%s,\"updated_before_step\":%.1f,\"ratio\":%.3f}\n",
                 r.name.c_str(), stage, dtype.c_str(), env.world_size, static_cast<long long>(parameters),
                 static_cast<long long>(sub_group), buffer_count, rounds, steps, median(r.step_ms),
                 *std::min_element(r.step_ms.begin(), r.step_ms.end()), median(ratios),
                 median(r.update_ms), median(r.copy_ms), median(r.wait_ms), hidden, m.total() * mib, m.master * mib,
                 m.optimizer_states * mib, m.host.parameters * mib, m.host.master * mib, m.host.optimizer_states * mib, m.host.staging * mib,
-                double(u.ru_maxrss) / 1024.0, during_backward ? "0.0" : "1.0", median(r.early));
+                double(u.ru_maxrss) / 1024.0, during_backward ? "0.0" : "1.0", median(r.early),
+                r.name == "offload_cpu_partial" ? ratio : r.name == "no_offload" ? 0.0 : 1.0);
   }
   if (nvme_path.empty()) return 0;
   const auto& r = runs.back();

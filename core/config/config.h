@@ -179,7 +179,8 @@ struct OffloadOptimizerConfig {
   std::string nvme_path;       // required with device nvme
   bool pin_memory = false;
   std::int64_t buffer_count = 4;
-  auto tie() const { return std::tie(device, nvme_path, pin_memory, buffer_count); }
+  double ratio = 1.0;  // partial offload: the fraction of the sub-groups whose optimizer work is on the host
+  auto tie() const { return std::tie(device, nvme_path, pin_memory, buffer_count, ratio); }
   TESSERA_CONFIG_EQ(OffloadOptimizerConfig)
 };
 

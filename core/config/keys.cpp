@@ -116,7 +116,6 @@ const KeyRule kRules[] = {
     {"zero_optimization.offload_optimizer", "pipeline_write", I, "", "an I/O overlap hint"},
     {"zero_optimization.offload_optimizer", "pipeline", I, "", "deprecated I/O overlap hint"},
     {"zero_optimization.offload_optimizer", "fast_init", I, "", "an initialisation speed hint"},
-    {"zero_optimization.offload_optimizer", "ratio", U, "1.0", "partial optimizer offload"},
     {"zero_optimization.offload_param", "pipeline_read", I, "", "an I/O overlap hint"},
     {"zero_optimization.offload_param", "pipeline_write", I, "", "an I/O overlap hint"},
     // tensor_parallel

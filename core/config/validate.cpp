@@ -244,6 +244,12 @@ class Checker {
       error(p + "offload_param.device", std::string("\"") + name_of(op.value) +
                                             "\" needs ZeRO stage 3 (parameters are partitioned only in stage 3), but " + stage_words);
     }
+    // ratio: the first ratio x (the rank's sub-groups) step on the host, the rest beside the
+    // parameters (DeepSpeed reads it only at stage 3; stages 1-2 honour it here, same optimizer-shard).
+    const double ratio = z.offload_optimizer.ratio;
+    if (!(ratio >= 0.0 && ratio <= 1.0)) error(p + "offload_optimizer.ratio", "expected a ratio in [0, 1], got " + num(ratio));
+    if (ratio < 1.0 && !oo.is_auto && oo.value == OffloadDevice::none)  // as DeepSpeed: no effect, but said
+      warn(p + "offload_optimizer.ratio = " + num(ratio) + " has no effect: offload_optimizer.device is \"none\"");
     if (!oo.is_auto && oo.value == OffloadDevice::nvme && z.offload_optimizer.nvme_path.empty()) {
       error(p + "offload_optimizer.nvme_path", "required when offload_optimizer.device is \"nvme\", missing");
     }
@@ -255,6 +261,8 @@ class Checker {
     // memory and to NVMe and parameter offload to host memory are supported; parameters on NVMe are not yet.
     if (!op.is_auto && op.value == OffloadDevice::nvme)
       unsupported(p + "offload_param.device", "\"nvme\"", "parameter offload to NVMe");
+    if (ratio < 1.0 && !oo.is_auto && oo.value == OffloadDevice::nvme)
+      unsupported(p + "offload_optimizer.ratio", num(ratio), "partial optimizer offload to NVMe (it is supported with device \"cpu\")");
     struct ZeroPP { const char* key; bool on; };
     for (const ZeroPP& feature : {ZeroPP{"zero_quantized_weights", z.zero_quantized_weights},
                                   ZeroPP{"zero_quantized_nontrainable_weights", z.zero_quantized_nontrainable_weights},

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """train_lm with the offload presets as users run them: configs/zero2_offload_cpu.toml,
-configs/zero3_offload_cpu.toml (optimizer and parameters in host memory) and LLaMA-Factory's
+configs/zero3_offload_cpu.toml (optimizer and parameters in host memory),
+configs/zero3_offload_partial.toml (half the optimizer's sub-groups on the host; sub-groups made
+small enough for the test's model to have several) and LLaMA-Factory's
 ds_z2_offload_config.json, ds_z3_offload_config.json and ds_z3_partial_offload_config.json
 (configs/deepspeed/) as shipped, and configs/zero3_offload_nvme.toml with only its nvme_path pointed
 at a scratch directory, each against the same file with the offload blocks' devices set to "none".
@@ -86,6 +88,14 @@ try:
         sys.exit("zero3_offload_cpu.toml: its parameters are not offloaded")
     presets.append(("zero3_offload_cpu", os.path.join(source, "configs", "zero3_offload_cpu.toml"),
                     write("zero3_cpu_none.toml", without_offload(zero3_cpu))))
+    # Partial offload as shipped but for its sub_group_size: the test's model is far below 1e8
+    # elements a rank, so sub-groups of 2000 give it a host share and a device share to split.
+    with open(os.path.join(source, "configs", "zero3_offload_partial.toml")) as f:
+        partial, n = re.subn(r"sub_group_size = 1e8", "sub_group_size = 2000", f.read())
+    if n != 1 or "ratio = 0.5" not in partial:
+        sys.exit("zero3_offload_partial.toml: no sub_group_size = 1e8 or no ratio = 0.5")
+    presets.append(("zero3_offload_partial", write("zero3_partial.toml", partial),
+                    write("zero3_partial_none.toml", without_offload(partial))))
     with open(os.path.join(source, "configs", "zero3_offload_nvme.toml")) as f:
         nvme = f.read().replace('"/local_nvme"', f'"{swap}"')
     presets.append(("zero3_offload_nvme", write("zero3_nvme.toml", nvme), write("zero3_none.toml", without_offload(nvme))))

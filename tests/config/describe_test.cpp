@@ -73,3 +73,25 @@ TEST_CASE("Parameter offload to NVMe and AutoTP training, which the engine lacks
   // The device left "auto" asks for nothing until a fact resolves it.
   CHECK(load_json(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "auto"}}})").unsupported.empty());
 }
+
+TEST_CASE("offload_optimizer.ratio: partial offload to host memory is supported, to NVMe marked not yet supported, "
+          "outside [0, 1] an error, without offload a warning", "[config][describe]") {
+  const Config cpu = load_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+  INFO(describe(cpu));
+  CHECK(cpu.unsupported.empty());
+  CHECK(cpu.zero_optimization.offload_optimizer.ratio == 0.3);
+  CHECK(mark_of(describe(cpu), "zero_optimization.offload_optimizer.ratio = 0.3") == "given");
+  const Config nvme = load_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/nvme", "ratio": 0.5}}})");
+  REQUIRE(nvme.unsupported.size() == 1);
+  CHECK(nvme.unsupported[0].path == "zero_optimization.offload_optimizer.ratio");
+  CHECK(load_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/nvme", "ratio": 1.0}}})").unsupported.empty());
+  CHECK_THROWS_WITH(load_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}})"),
+                    Catch::Contains("zero_optimization.offload_optimizer.ratio") && Catch::Contains("[0, 1]"));
+  CHECK_THROWS_WITH(load_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": -0.1}}})"),
+                    Catch::Contains("zero_optimization.offload_optimizer.ratio"));
+  const Config none = load_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none", "ratio": 0.5}}})");
+  REQUIRE(none.warnings.size() == 1);
+  CHECK_THAT(none.warnings[0], Catch::Contains("zero_optimization.offload_optimizer.ratio") && Catch::Contains("no effect"));
+}

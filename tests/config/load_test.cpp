@@ -234,6 +234,9 @@ TEST_CASE("the presets say what their names say", "[config][load]") {
   CHECK(zero_offload.zero_optimization.offload_optimizer.device == Auto<OffloadDevice>(OffloadDevice::cpu));
   CHECK(zero_offload.zero_optimization.offload_optimizer.buffer_count == 4);
   CHECK(zero_offload.zero_optimization.offload_param.device == Auto<OffloadDevice>(OffloadDevice::none));
+  const Config partial = load_config(source_path("configs/zero3_offload_partial.toml"));
+  CHECK(partial.zero_optimization.offload_optimizer.ratio == 0.5);
+  CHECK(partial.unsupported.empty());
   const Config nvme = load_config(source_path("configs/zero3_offload_nvme.toml"));
   CHECK(nvme.zero_optimization.offload_optimizer.nvme_path == "/local_nvme");
   CHECK(nvme.aio.block_size == 1048576);  // the aio block is modelled (NVMe offload's I/O)

@@ -89,6 +89,7 @@ template <class V> void visit(OffloadOptimizerConfig& c, V& v) {
   v.field("nvme_path", c.nvme_path);
   v.field("pin_memory", c.pin_memory);
   v.field("buffer_count", c.buffer_count);
+  v.field("ratio", c.ratio);
 }
 
 template <class V> void visit(OffloadParamConfig& c, V& v) {
