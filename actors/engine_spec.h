@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 
+#include "actors/core_pool.h"
 #include "actors/update_timing.h"
 #include "core/io/uring_file.h"
 #include "core/zero/sharding_plan.h"
@@ -35,6 +36,11 @@ struct OptimizerOffload {
   // Partial offload (offload_optimizer.ratio): the first ratio x (the rank's sub-groups, in update
   // order) at `placement`, the rest beside the parameters (host only; 1: all of them).
   double ratio = 1.0;
+  // The host updates' threads (LibTorch's intra-op thread count: OMP_NUM_THREADS, which
+  // tessera-launch sets to the rank's share of cores) and whether each is bound to a core of the
+  // rank's share (when tessera-launch --bind-cores-to-rank bound the rank: TESSERA_CPU_LIST).
+  int threads = 1;
+  CoreBinding binding = CoreBinding::none;
   bool off_device() const { return placement != StatePlacement::device; }
 };
 

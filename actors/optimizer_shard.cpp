@@ -7,6 +7,7 @@
 
 #include "actors/actor_runtime.h"
 #include "actors/ask.h"
+#include "actors/core_pool.h"
 #include "actors/offload.h"
 #include "actors/optimizer_state_placement.h"
 #include "actors/parked_reply.h"
@@ -27,6 +28,8 @@ struct OptimizerShardState {
   gradient_reducer_actor reducer;
   parameter_shard_actor parameter_shard;
   offload_actor offload;  // optimizer offload only: the host staging
+  std::unique_ptr<CorePool> pool;                 // optimizer offload on several threads: the host updates' workers
+  std::vector<optim::Workspace> pool_workspaces;  // one per worker
   int64_t staging_slots = 0;
   int64_t staging_bytes = 0;
   zero::ParkedStorages parked;  // offload_states: masters and states moved to host memory
@@ -44,6 +47,25 @@ struct OptimizerShardState {
 
   // Every collective behind a request has its own timeout; this bound only guards against a lost actor.
   std::chrono::milliseconds bound() const { return 3 * spec->timeout + std::chrono::seconds(10); }
+
+  // One host update of a sub-group: on the pool's workers, each stepping its contiguous run
+  // (every kernel is elementwise: the bits of one call), or on this thread.
+  void host_step(size_t g, const optim::SubGroupState& state, const at::Tensor& grad, const optim::StepHyperparameters& hp) {
+    const auto& kernel = *kernels[g];
+    if (!pool || kernel.whole_partition()) {
+      kernel.step(state.master, grad, state.states, updates + 1, hp, workspace);
+      return;
+    }
+    const int64_t n = grad.numel();
+    pool->run([&](int k) {
+      const auto [begin, end] = worker_run(n, k, pool->size());
+      if (begin >= end) return;
+      std::vector<at::Tensor> states;
+      for (const auto& t : state.states) states.push_back(t.narrow(0, begin, end - begin));
+      kernel.step(state.master.narrow(0, begin, end - begin), grad.narrow(0, begin, end - begin), states, updates + 1, hp,
+                  pool_workspaces[size_t(k)]);
+    });
+  }
 
   // Whether sub-group s of group g steps on the host (optimizer offload, all or its share).
   bool on_host(size_t g, size_t s) const { return offload && (!split || split->on_host(int64_t(g), int64_t(s))); }
@@ -138,7 +160,7 @@ struct OptimizerShardState {
         break;
       }
       try {
-        kernels[p.g]->step(state.master, grad.host, state.states, updates + 1, hp, workspace);
+        host_step(p.g, state, grad.host, hp);
       } catch (...) {
         failure = std::current_exception();
         store->release(int64_t(p.g), int64_t(p.s));
@@ -232,7 +254,7 @@ struct OptimizerShardState {
       try {
         const auto& hp = request.hyperparameters.at(size_t(spec->plan->groups()[g].param_group));
         auto state = store->acquire(int64_t(g), int64_t(sub));
-        kernels[g]->step(state.master, host.host, state.states, updates + 1, hp, workspace);
+        host_step(g, state, host.host, hp);
         store->release(int64_t(g), int64_t(sub));
       } catch (...) {
         early.error = std::current_exception();
@@ -326,6 +348,7 @@ struct OptimizerShardState {
       out.master_bytes = store->master_bytes(), out.state_bytes = store->state_bytes();
     }
     out.workspace_bytes = workspace.bytes();
+    for (const auto& w : pool_workspaces) out.workspace_bytes += w.bytes();
     out.host = bool(offload);
     out.staging_bytes = staging_bytes;
     if (nvme) out.swap_buffer_bytes = nvme->buffer_bytes(), out.swap_file_bytes = nvme->file_bytes();
@@ -516,6 +539,10 @@ optimizer_shard_actor spawn_optimizer_shard(std::shared_ptr<const EngineSpec> sp
     staging.pin_memory = spec->optimizer_offload.pin_memory;
     s->staging_bytes = staging.bytes(spec->accumulation_dtype());
     s->offload = spawn_offload(staging);
+    if (spec->optimizer_offload.threads > 1) {
+      s->pool = std::make_unique<CorePool>(spec->optimizer_offload.threads, spec->optimizer_offload.binding);
+      s->pool_workspaces.resize(size_t(s->pool->size()));
+    }
   }
   auto placed = place_optimizer_states(*spec, kernels, partitions, s->sub_groups, host_count, s->staging_slots);
   s->store = std::move(placed.store);

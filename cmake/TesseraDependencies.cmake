@@ -64,6 +64,16 @@ if(NOT TARGET tessera::uring)
   set_target_properties(tessera::uring PROPERTIES IMPORTED_LOCATION "${TESSERA_URING_LIBRARY}"
     INTERFACE_INCLUDE_DIRECTORIES "${TESSERA_URING_INCLUDE_DIR}")
 endif()
+# hwloc: binds the host optimizer's threads to the rank's cores (actors/core_pool.h).
+find_path(TESSERA_HWLOC_INCLUDE_DIR hwloc.h)
+find_library(TESSERA_HWLOC_LIBRARY hwloc)
+tessera_require(TESSERA_HWLOC_INCLUDE_DIR libhwloc-dev "hwloc headers (hwloc.h)")
+tessera_require(TESSERA_HWLOC_LIBRARY libhwloc-dev "hwloc library")
+if(NOT TARGET tessera::hwloc)
+  add_library(tessera::hwloc UNKNOWN IMPORTED)
+  set_target_properties(tessera::hwloc PROPERTIES IMPORTED_LOCATION "${TESSERA_HWLOC_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${TESSERA_HWLOC_INCLUDE_DIR}")
+endif()
 if(TESSERA_BUILD_TESTS)
   find_package(Catch2 2 QUIET)
   tessera_require(Catch2_FOUND catch2 "Catch2 2.x")

@@ -13,6 +13,7 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev           # command line, logging
   libxxhash-dev                                   # checksums
   liburing-dev                                    # io_uring: optimizer offload to NVMe
+  libhwloc-dev                                    # the host optimizer's threads bound to the rank's cores
   libssl-dev                                      # HMAC-SHA256 of the store's handshake
   libbenchmark-dev                                # bench harness
   python3-torch                                   # the decoder logits oracle; the Python binding's torch
