@@ -14,6 +14,7 @@
 #include "actors/update_timing.h"
 #include "core/io/uring_file.h"
 #include "core/zero/sharding_plan.h"
+#include "core/zero/weight_home.h"
 
 namespace tessera::actors {
 
@@ -44,15 +45,6 @@ struct OptimizerOffload {
   bool off_device() const { return placement != StatePlacement::device; }
 };
 
-// Parameter offload (zero_optimization.offload_param, stage 3): where the weight buffers (this
-// rank's partitions and the persistent segments) live. Gathers copy the partitions' pieces into
-// the units on the device ahead of use (the prefetch order); updates write into the host copies.
-struct ParameterOffload {
-  StatePlacement placement = StatePlacement::device;  // device or host (nvme: not yet)
-  bool pin_memory = false;  // page-locked weight buffers (only where the parameters are on a GPU)
-  bool off_device() const { return placement != StatePlacement::device; }
-};
-
 struct EngineSpec {
   std::shared_ptr<const zero::ShardingPlan> plan;
   at::ScalarType dtype = at::kFloat;  // of the parameters and their gradients (fp32, bf16, fp16)
@@ -80,7 +72,10 @@ struct EngineSpec {
   // bf16 (half the bytes; autocast rounds those weights to bf16 anyway, so results are the same).
   bool autocast_gathers = false;
   OptimizerOffload optimizer_offload;
-  ParameterOffload parameter_offload;
+  // Parameter offload (zero_optimization.offload_param, stage 3): where the weight buffers live.
+  // Gathers copy the partitions' pieces into the units on the device ahead of use (the prefetch
+  // order); updates write into the host copies.
+  zero::WeightHome weight_home = zero::WeightHome::with_units;
 
   int64_t owned_partition() const { return plan->owned_partition(rank); }
   zero::GradientMode gradient_mode() const { return plan->gradient_mode(); }

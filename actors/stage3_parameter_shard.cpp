@@ -455,7 +455,7 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
           if (st.params->gathered_bytes() != 0)
             throw Error("offload_states: a ZeRO-3 unit is still gathered (call it outside gathered_parameters())");
           // Parameter offload: the weight buffers live in host memory already; the units were what the device held.
-          if (st.params->home() != zero::WeightHome::with_units) return int64_t(0);
+          if (zero::in_host_memory(st.params->home())) return int64_t(0);
           std::vector<at::Tensor> buffers;
           for (size_t g = 0; g < st.plan().groups().size(); ++g) buffers.push_back(st.params->weight_buffer(int64_t(g)));
           return st.parked.park(buffers, request.host);

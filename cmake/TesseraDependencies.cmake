@@ -44,36 +44,22 @@ find_package(fmt QUIET)
 tessera_require(fmt_FOUND libfmt-dev "fmt")
 find_package(spdlog QUIET)
 tessera_require(spdlog_FOUND libspdlog-dev "spdlog")
-# xxHash ships no CMake package on Debian: import it by hand (the weight sync's transfer hashes).
-find_path(TESSERA_XXHASH_INCLUDE_DIR xxhash.h)
-find_library(TESSERA_XXHASH_LIBRARY xxhash)
-tessera_require(TESSERA_XXHASH_INCLUDE_DIR libxxhash-dev "xxHash headers (xxhash.h)")
-tessera_require(TESSERA_XXHASH_LIBRARY libxxhash-dev "xxHash library")
-if(NOT TARGET tessera::xxhash)
-  add_library(tessera::xxhash UNKNOWN IMPORTED)
-  set_target_properties(tessera::xxhash PROPERTIES IMPORTED_LOCATION "${TESSERA_XXHASH_LIBRARY}"
-    INTERFACE_INCLUDE_DIRECTORIES "${TESSERA_XXHASH_INCLUDE_DIR}")
-endif()
-# liburing ships a pkg-config file, no CMake package: import it by hand (optimizer offload to NVMe).
-find_path(TESSERA_URING_INCLUDE_DIR liburing.h)
-find_library(TESSERA_URING_LIBRARY uring)
-tessera_require(TESSERA_URING_INCLUDE_DIR liburing-dev "liburing headers (liburing.h)")
-tessera_require(TESSERA_URING_LIBRARY liburing-dev "liburing library")
-if(NOT TARGET tessera::uring)
-  add_library(tessera::uring UNKNOWN IMPORTED)
-  set_target_properties(tessera::uring PROPERTIES IMPORTED_LOCATION "${TESSERA_URING_LIBRARY}"
-    INTERFACE_INCLUDE_DIRECTORIES "${TESSERA_URING_INCLUDE_DIR}")
-endif()
-# hwloc: binds the host optimizer's threads to the rank's cores (actors/core_pool.h).
-find_path(TESSERA_HWLOC_INCLUDE_DIR hwloc.h)
-find_library(TESSERA_HWLOC_LIBRARY hwloc)
-tessera_require(TESSERA_HWLOC_INCLUDE_DIR libhwloc-dev "hwloc headers (hwloc.h)")
-tessera_require(TESSERA_HWLOC_LIBRARY libhwloc-dev "hwloc library")
-if(NOT TARGET tessera::hwloc)
-  add_library(tessera::hwloc UNKNOWN IMPORTED)
-  set_target_properties(tessera::hwloc PROPERTIES IMPORTED_LOCATION "${TESSERA_HWLOC_LIBRARY}"
-    INTERFACE_INCLUDE_DIRECTORIES "${TESSERA_HWLOC_INCLUDE_DIR}")
-endif()
+# tessera_import(<NAME> <header> <library> <Debian package> <what>): a library that ships no CMake
+# package on Debian, imported by hand as tessera::<library> (TESSERA_<NAME>_INCLUDE_DIR/_LIBRARY).
+macro(tessera_import name header library package what)
+  find_path(TESSERA_${name}_INCLUDE_DIR ${header})
+  find_library(TESSERA_${name}_LIBRARY ${library})
+  tessera_require(TESSERA_${name}_INCLUDE_DIR ${package} "${what} headers (${header})")
+  tessera_require(TESSERA_${name}_LIBRARY ${package} "${what} library")
+  if(NOT TARGET tessera::${library})
+    add_library(tessera::${library} UNKNOWN IMPORTED)
+    set_target_properties(tessera::${library} PROPERTIES IMPORTED_LOCATION "${TESSERA_${name}_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${TESSERA_${name}_INCLUDE_DIR}")
+  endif()
+endmacro()
+tessera_import(XXHASH xxhash.h xxhash libxxhash-dev "xxHash")     # the weight sync's transfer hashes
+tessera_import(URING liburing.h uring liburing-dev "liburing")     # optimizer offload to NVMe
+tessera_import(HWLOC hwloc.h hwloc libhwloc-dev "hwloc")           # the host optimizer's threads bound to cores
 if(TESSERA_BUILD_TESTS)
   find_package(Catch2 2 QUIET)
   tessera_require(Catch2_FOUND catch2 "Catch2 2.x")

@@ -163,8 +163,7 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
   spec->forward_windows = inference;
   spec->autocast_gathers = settings.stage == 3 && settings.autocast;
   if (settings.parameter_offload == config::OffloadDevice::cpu) {
-    spec->parameter_offload.placement = actors::StatePlacement::host;
-    spec->parameter_offload.pin_memory = settings.parameter_offload_pin_memory;
+    spec->weight_home = settings.parameter_offload_pin_memory ? zero::WeightHome::host_pinned : zero::WeightHome::host;
     // Beside a GPU two parts would need device copies of host buffers that do not exist yet: the
     // persistent parameters (views of the weight buffer) and a device optimizer stepping host partitions.
     if (device.is_cuda()) {
@@ -328,11 +327,7 @@ std::unique_ptr<Engine::Impl> assemble_engine(EngineSetup& s, std::shared_ptr<to
   for (const auto& [name, p] : s.trainable) parameters.push_back(p);
   std::unique_ptr<zero::Stage3Parameters> stage3_parameters;
   if (stage3) {
-    const auto& offload = spec->parameter_offload;
-    const auto home = !offload.off_device() ? zero::WeightHome::with_units
-                      : offload.pin_memory  ? zero::WeightHome::host_pinned
-                                            : zero::WeightHome::host;
-    stage3_parameters = stage3_storage(*plan, s.rank, s.size, parameters, s.dtype, param_comm, home);
+    stage3_parameters = stage3_storage(*plan, s.rank, s.size, parameters, s.dtype, param_comm, spec->weight_home);
     for (size_t g = 0; g < plan->groups().size(); ++g) {
       partitions.push_back(stage3_parameters->partition(int64_t(g)));
       if (!inference) kernels.push_back(s.group_kernels[size_t(plan->groups()[g].param_group)]);

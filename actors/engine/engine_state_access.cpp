@@ -127,7 +127,7 @@ EngineMemory Engine::memory() const {
   int64_t weight_buffers = 0;
   for (const auto& b : buffers.tensors) weight_buffers += int64_t(b.numel() * b.element_size());
   // Parameter offload: the partitions (and persistent segments) in host memory, the gathered units on the device.
-  (s.spec->parameter_offload.off_device() ? m.host.parameters : m.parameters) += weight_buffers;
+  (zero::in_host_memory(s.spec->weight_home) ? m.host.parameters : m.parameters) += weight_buffers;
   m.parameters += buffers.gathered_bytes;
   if (s.inference) {
     m.parameters -= s.offloaded.parameters;

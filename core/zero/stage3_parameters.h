@@ -30,13 +30,9 @@
 #include <vector>
 
 #include "core/zero/sharding_plan.h"
+#include "core/zero/weight_home.h"
 
 namespace tessera::zero {
-
-// Where the weight buffers live: beside the units (the parameters' device), or in host memory
-// (zero_optimization.offload_param.device = "cpu"; page-locked when asked and the units are on a
-// GPU). Units are always on the parameters' device; a gather copies the pieces there.
-enum class WeightHome : uint8_t { with_units, host, host_pinned };
 
 class Stage3Parameters {
  public:

@@ -33,7 +33,7 @@ std::set<int> affinity() {
 
 }  // namespace
 
-TEST_CASE("worker_run cuts [0, n) into contiguous runs in worker order", "[core_pool]") {
+TEST_CASE("worker_run cuts 0 to n into contiguous runs in worker order", "[core_pool]") {
   for (int64_t n : {0, 1, 63, 64, 255, 1000, 4097, 1'000'003}) {
     for (int workers : {1, 2, 3, 8}) {
       INFO("n " << n << ", workers " << workers);

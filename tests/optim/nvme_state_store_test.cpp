@@ -18,9 +18,11 @@
 #include "core/error.h"
 #include "core/optim/nvme_state_store.h"
 #include "core/optim/optimizer_kernel.h"
+#include "tests/optim/state_store_test_support.h"
 
 namespace fs = std::filesystem;
 using namespace tessera::optim;
+using namespace tessera::optim::store_testing;
 
 namespace {
 
@@ -28,40 +30,6 @@ std::string swap_path(const std::string& name) {
   const auto dir = fs::temp_directory_path() / "tessera_nvme_store_test";
   fs::create_directories(dir);
   return (dir / (name + "_" + std::to_string(::getpid()) + ".swap")).string();
-}
-
-std::unique_ptr<OptimizerKernel> adamw() {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::AdamW;
-  o.lr = 1e-2, o.weight_decay = 0.01;
-  return make_optimizer_kernel(o);
-}
-
-// Two flat groups, partitions of 10,007 and 3,001 elements, cut into sub-groups of `sub`.
-struct Model {
-  std::vector<torch::Tensor> partitions;
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> sub_groups;
-  explicit Model(int64_t sub, std::vector<int64_t> sizes = {10007, 3001}) {
-    torch::manual_seed(3);
-    for (int64_t n : sizes) {
-      partitions.push_back(torch::randn({n}));
-      std::vector<std::pair<int64_t, int64_t>> cuts;
-      for (int64_t b = 0; b < n; b += sub) cuts.push_back({b, std::min(n, b + sub)});
-      sub_groups.push_back(cuts);
-    }
-  }
-};
-
-std::unique_ptr<MemoryStateStore> memory_store(const Model& m, const OptimizerKernel& k) {
-  std::vector<MemoryStateStore::Group> groups;
-  for (size_t g = 0; g < m.partitions.size(); ++g) {
-    MemoryStateStore::Group group;
-    group.master = m.partitions[g].clone();
-    group.states = k.initial_states(group.master);
-    group.sub_groups = m.sub_groups[g];
-    groups.push_back(std::move(group));
-  }
-  return std::make_unique<MemoryStateStore>(std::move(groups));
 }
 
 std::unique_ptr<NvmeStateStore> nvme_store(const Model& m, const OptimizerKernel& k, const std::string& path,
@@ -78,39 +46,6 @@ std::unique_ptr<NvmeStateStore> nvme_store(const Model& m, const OptimizerKernel
     state.states = k.initial_states(state.master);
     return state;
   }, options);
-}
-
-torch::Tensor gradient(int64_t step, int64_t g, int64_t n) {
-  return torch::randn({n}, torch::TensorOptions().dtype(torch::kFloat)).mul_(0.1).add_(double(step + g) * 1e-3);
-}
-
-// One optimizer step through a store, in the optimizer-shard's order: acquire, step, release
-// (the NVMe store holds the previous record until the next is stepped, as the shard does).
-void step(StateStore& store, const Model& m, const OptimizerKernel& k, int64_t number, Workspace& ws) {
-  torch::manual_seed(uint64_t(100 + number));
-  for (size_t g = 0; g < m.sub_groups.size(); ++g) {
-    const auto grad = gradient(number, int64_t(g), m.partitions[g].numel());
-    for (size_t s = 0; s < m.sub_groups[g].size(); ++s) {
-      const auto [b, e] = m.sub_groups[g][s];
-      auto state = store.acquire(int64_t(g), int64_t(s));
-      k.step(state.master, grad.narrow(0, b, e - b), state.states, number, k.default_hyperparameters(), ws);
-      store.release(int64_t(g), int64_t(s));
-    }
-  }
-}
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.sizes() == b.sizes() && std::memcmp(a.data_ptr(), b.data_ptr(), size_t(a.numel() * a.element_size())) == 0;
-}
-
-void expect_same(const StateStore& a, const StateStore& b, size_t groups) {
-  for (size_t g = 0; g < groups; ++g) {
-    INFO("flat group " << g);
-    CHECK(same_bits(a.partition_master(int64_t(g)), b.partition_master(int64_t(g))));
-    const auto sa = a.partition_states(int64_t(g)), sb = b.partition_states(int64_t(g));
-    REQUIRE(sa.size() == sb.size());
-    for (size_t k = 0; k < sa.size(); ++k) CHECK(same_bits(sa[k], sb[k]));
-  }
 }
 
 int64_t rss_bytes() {

@@ -7,55 +7,18 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
-#include <cstring>
-
 #include "core/error.h"
 #include "core/optim/optimizer_kernel.h"
 #include "core/optim/split_state_store.h"
+#include "tests/optim/state_store_test_support.h"
 
 using namespace tessera::optim;
+using namespace tessera::optim::store_testing;
 
 namespace {
 
-using Ranges = std::vector<std::pair<int64_t, int64_t>>;
-
-std::unique_ptr<OptimizerKernel> adamw() {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::AdamW;
-  o.lr = 1e-2, o.weight_decay = 0.01;
-  return make_optimizer_kernel(o);
-}
-
-Ranges cuts(int64_t n, int64_t sub) {
-  Ranges out;
-  for (int64_t b = 0; b < n; b += sub) out.push_back({b, std::min(n, b + sub)});
-  return out;
-}
-
 // Three flat groups of 10,007, 3,001 and 5,000 elements in sub-groups of 1,000: 11 + 4 + 5.
-struct Model {
-  std::vector<torch::Tensor> partitions;
-  std::vector<Ranges> sub_groups;
-  Model() {
-    torch::manual_seed(5);
-    for (int64_t n : {10007, 3001, 5000}) {
-      partitions.push_back(torch::randn({n}));
-      sub_groups.push_back(cuts(n, 1000));
-    }
-  }
-};
-
-MemoryStateStore memory_store(const Model& m, const OptimizerKernel& k) {
-  std::vector<MemoryStateStore::Group> groups;
-  for (size_t g = 0; g < m.partitions.size(); ++g) {
-    MemoryStateStore::Group group;
-    group.master = m.partitions[g].clone();
-    group.states = k.initial_states(group.master);
-    group.sub_groups = m.sub_groups[g];
-    groups.push_back(std::move(group));
-  }
-  return MemoryStateStore(std::move(groups));
-}
+Model three_groups() { return Model(1000, {10007, 3001, 5000}); }
 
 // The first `host[g]` sub-groups of group g in the host part, the rest in the device part (both
 // host memory here, in distinct buffers).
@@ -80,23 +43,7 @@ SplitStateStore split_store(const Model& m, const OptimizerKernel& k, const std:
   return SplitStateStore(std::move(groups));
 }
 
-void step(StateStore& store, const Model& m, const OptimizerKernel& k, int64_t number, Workspace& ws) {
-  torch::manual_seed(uint64_t(200 + number));
-  for (size_t g = 0; g < m.sub_groups.size(); ++g) {
-    const auto grad = torch::randn({m.partitions[g].numel()}).mul_(0.1);
-    for (size_t s = 0; s < m.sub_groups[g].size(); ++s) {
-      const auto [b, e] = m.sub_groups[g][s];
-      auto state = store.acquire(int64_t(g), int64_t(s));
-      k.step(state.master, grad.narrow(0, b, e - b), state.states, number, k.default_hyperparameters(), ws);
-      store.release(int64_t(g), int64_t(s));
-    }
-  }
-}
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.sizes() == b.sizes() && std::memcmp(a.data_ptr(), b.data_ptr(), size_t(a.numel() * a.element_size())) == 0;
-}
-
+// Whether every master and state of the two stores has the same bits (expect_same's verdict as a value).
 bool same_store(const StateStore& a, const StateStore& b, size_t groups) {
   bool same = true;
   for (size_t g = 0; g < groups; ++g) {
@@ -111,10 +58,11 @@ bool same_store(const StateStore& a, const StateStore& b, size_t groups) {
 }  // namespace
 
 TEST_CASE("A split store steps bit for bit as the memory store, its lent partitions written back", "[split_store]") {
-  Model m;
+  const Model m = three_groups();
   auto k = adamw();
   Workspace wa, wb;
-  auto oracle = memory_store(m, *k);
+  auto oracle_store = memory_store(m, *k);
+  auto& oracle = *oracle_store;
   auto split = split_store(m, *k, {11, 2, 0});  // wholly host, split 2 | 2, wholly device
   CHECK(split.on_host(0, 10));
   CHECK(split.on_host(1, 1));
@@ -142,10 +90,11 @@ TEST_CASE("A split store steps bit for bit as the memory store, its lent partiti
 }
 
 TEST_CASE("Negative control: a write into a lent partition of one store only is seen", "[split_store]") {
-  Model m;
+  const Model m = three_groups();
   auto k = adamw();
   Workspace wa, wb;
-  auto oracle = memory_store(m, *k);
+  auto oracle_store = memory_store(m, *k);
+  auto& oracle = *oracle_store;
   auto split = split_store(m, *k, {11, 2, 0});
   split.partition_states(1)[0].narrow(0, 2500, 1).fill_(1.0);  // in the device part of the split group
   step(oracle, m, *k, 1, wa), step(split, m, *k, 1, wb);
@@ -153,7 +102,7 @@ TEST_CASE("Negative control: a write into a lent partition of one store only is 
 }
 
 TEST_CASE("A split store refuses parts that do not fit its sub-groups", "[split_store]") {
-  Model m;
+  const Model m = three_groups();
   auto k = adamw();
   auto group = [&](int64_t host) {
     std::vector<SplitStateStore::Group> groups(1);
