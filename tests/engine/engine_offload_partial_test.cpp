@@ -7,6 +7,7 @@
 //   - where the bytes are: the host's and the device's masters and states add up to what the run
 //     without offload holds, each share non-empty, a larger ratio a larger host share;
 //   - updating during backward with a device share (stage 3, no clipping), bit for bit;
+//   - with the parameters in host memory too (offload_param), bit for bit;
 //   - offload_states moves the device's share and reload_states brings it back, bit for bit;
 //   - checkpoints saved partially offloaded and loaded without offload, and the other way round,
 //     continue as one uninterrupted run (a split flat group's partitions are paged and written back);
@@ -39,6 +40,7 @@ struct Setup {
   double weight_decay = 0.01;
   bool during_backward = false;
   std::string device = "cpu";
+  bool parameters_offloaded = false;  // stage 3: offload_param.device = "cpu" too
 };
 
 std::string config(const Setup& s) {
@@ -47,6 +49,7 @@ std::string config(const Setup& s) {
     offload = "[zero_optimization.offload_optimizer]\ndevice = \"" + s.device + "\"\nratio = " + std::to_string(*s.ratio) + "\n";
     if (s.device == "nvme") offload += "nvme_path = \"/tmp\"\n";
   }
+  if (s.parameters_offloaded) offload += "[zero_optimization.offload_param]\ndevice = \"cpu\"\n";
   if (s.during_backward) offload += "[tessera.offload]\noptimizer_during_backward = true\n";
   return offload_config(s.stage, s.clipping + s.precision, s.weight_decay, offload);
 }
@@ -86,6 +89,24 @@ TEST_CASE("Partial optimizer offload trains bit for bit as the optimizer beside 
     CHECK(mp.host.master > 0);
     CHECK(mp.host.staging > 0);
     CHECK(split->last_step_timing().offload_copy_s > 0);
+  }
+}
+
+TEST_CASE("Partial offload with the parameters in host memory too (the device's share steps the host partitions)",
+          "[offload][partial][offload_param]") {
+  for (const std::string precision : {std::string(), std::string(kBf16)}) {
+    INFO((precision.empty() ? "fp32" : "bf16"));
+    Setup plain{3, precision};
+    Setup both = plain;
+    both.ratio = 0.5, both.parameters_offloaded = true;
+    auto a = trainee(), b = trainee();
+    auto on_device = engine_for(a, plain), offloaded = engine_for(b, both);
+    CHECK(train(*on_device, a, 0, 3) == train(*offloaded, b, 0, 3));
+    const auto m = offloaded->memory();
+    CHECK(m.host.parameters > 0);
+    CHECK(m.host.optimizer_states > 0);
+    CHECK(m.optimizer_states > 0);
+    expect_same_buffers(*on_device, *offloaded);
   }
 }
 
