@@ -79,6 +79,8 @@ struct EngineSpec {
 
   int64_t owned_partition() const { return plan->owned_partition(rank); }
   zero::GradientMode gradient_mode() const { return plan->gradient_mode(); }
+  // The dtype the optimizer steps in: fp32 masters, else the weights' own (their own master).
+  at::ScalarType master_dtype() const { return fp32_master ? at::kFloat : dtype; }
   // The dtype gradients accumulate in across micro-steps.
   at::ScalarType accumulation_dtype() const { return fp32_grad_accumulation ? at::kFloat : dtype; }
   // The dtype flat group g's gradients are reduced in: bf16 for torch_autocast's lower-precision

@@ -45,7 +45,6 @@ std::unique_ptr<optim::StateStore> nvme_store(const EngineSpec& spec,
   return store;
 }
 
-
 // Partial optimizer offload (ratio < 1): per flat group, the master and states of its host
 // sub-groups (the first `on_host`) in host memory, the rest's beside the parameters. A group split
 // between both keeps a device master even without fp32 masters, so that its whole partition has one
@@ -58,13 +57,13 @@ optim::SplitStateStore::Group split_group(const EngineSpec& spec, const optim::O
   const int64_t rest = partition.numel() - split;
   if (on_host > 0) {
     group.host.master = partition.narrow(0, 0, split).to(
-        at::TensorOptions().device(at::kCPU).dtype(spec.fp32_master ? at::kFloat : spec.dtype), false, /*copy=*/true);
+        at::TensorOptions().device(at::kCPU).dtype(spec.master_dtype()), false, /*copy=*/true);
     group.host.states = kernel.initial_states(group.host.master);
   }
   if (on_host < int64_t(sub_groups.size())) {
     const auto device_part = partition.narrow(0, split, rest);
     if (spec.fp32_master || on_host > 0)
-      group.device.master = device_part.to(spec.fp32_master ? at::kFloat : spec.dtype, false, /*copy=*/true);
+      group.device.master = device_part.to(spec.master_dtype(), false, /*copy=*/true);
     group.device.states = kernel.initial_states(group.device.master.defined() ? group.device.master : device_part);
   }
   group.sub_groups = std::move(sub_groups);
@@ -122,7 +121,7 @@ PlacedStates place_optimizer_states(const EngineSpec& spec, const std::vector<st
     optim::MemoryStateStore::Group group;
     // Offloaded, the master is a host copy even when no fp32 master is asked for (fp32 weights, or
     // bf16_master_weights_and_grads): in the dtype the device path would step in, so the bits match.
-    const auto host_master = at::TensorOptions().device(at::kCPU).dtype(spec.fp32_master ? at::kFloat : spec.dtype);
+    const auto host_master = at::TensorOptions().device(at::kCPU).dtype(spec.master_dtype());
     if (nvme)  // the swap file gets the values sub-group by sub-group (below); here only the dtypes
       group.master = at::empty({0}, host_master);
     else if (host)

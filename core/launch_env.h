@@ -53,6 +53,9 @@ struct LaunchEnv {
   std::string store_secret;  // empty: none
   bool hosts_store = true;   // TESSERA_STORE_SERVER=1/0, else whether this is rank 0
 
+  // TESSERA_CPU_LIST: the CPUs tessera-launch --bind-cores-to-rank bound this rank to ("" unbound).
+  static std::string bound_cpu_list() { return env_string("TESSERA_CPU_LIST", ""); }
+
   static LaunchEnv from_env() {
     LaunchEnv e;
     e.rank = env_int("RANK", e.rank);

@@ -13,7 +13,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <optional>
 #include <set>
 
@@ -191,8 +190,8 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
     spec->optimizer_offload.update = settings.optimizer_update;
     spec->optimizer_offload.ratio = settings.optimizer_offload_ratio;
     spec->optimizer_offload.threads = std::max(1, at::get_num_threads());
-    const char* bound = std::getenv("TESSERA_CPU_LIST");
-    spec->optimizer_offload.binding = bound && *bound ? actors::CoreBinding::per_core : actors::CoreBinding::none;
+    spec->optimizer_offload.binding =
+        transport::LaunchEnv::bound_cpu_list().empty() ? actors::CoreBinding::none : actors::CoreBinding::per_core;
     if (settings.optimizer_update == actors::UpdateTiming::during_backward && settings.stage == 2 && size == 1)
       throw ConfigError("tessera.offload.optimizer_during_backward: ZeRO stage 2 on one rank reduces nothing bucket by "
                         "bucket (its gradients are final only when backward ends); use it across ranks or at stage 3");

@@ -130,35 +130,18 @@ void SplitStateStore::settle() {
   }
 }
 
-int64_t SplitStateStore::host_master_bytes() const {
+int64_t SplitStateStore::bytes_held(Side side, Held held) const {
+  auto of = [held](const Part& p) { return held == Held::master ? bytes(p.master) : part_bytes(p.states); };
   int64_t n = 0;
   for (size_t i = 0; i < groups_.size(); ++i) {
-    if (has_host(groups_[i])) n += bytes(groups_[i].host.master);
-    if (paged_[i]) n += bytes(paged_[i]->master);
+    const auto& g = groups_[i];
+    if (side == Side::host) {
+      if (has_host(g)) n += of(g.host);
+      if (paged_[i]) n += of(*paged_[i]);  // paged-in partitions are host memory too
+    } else if (has_device(g)) {
+      n += of(g.device);
+    }
   }
-  return n;
-}
-
-int64_t SplitStateStore::host_state_bytes() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    if (has_host(groups_[i])) n += part_bytes(groups_[i].host.states);
-    if (paged_[i]) n += part_bytes(paged_[i]->states);
-  }
-  return n;
-}
-
-int64_t SplitStateStore::device_master_bytes() const {
-  int64_t n = 0;
-  for (const auto& g : groups_)
-    if (has_device(g)) n += bytes(g.device.master);
-  return n;
-}
-
-int64_t SplitStateStore::device_state_bytes() const {
-  int64_t n = 0;
-  for (const auto& g : groups_)
-    if (has_device(g)) n += part_bytes(g.device.states);
   return n;
 }
 

@@ -42,10 +42,11 @@ class SplitStateStore final : public StateStore {
   int64_t state_bytes() const override { return host_state_bytes() + device_state_bytes(); }
 
   bool on_host(int64_t group, int64_t sub_group) const;
-  int64_t host_master_bytes() const;  // with paged-in partitions (host memory too)
-  int64_t host_state_bytes() const;
-  int64_t device_master_bytes() const;
-  int64_t device_state_bytes() const;
+  // Bytes of the host parts (with paged-in partitions: host memory too) and of the device parts.
+  int64_t host_master_bytes() const { return bytes_held(Side::host, Held::master); }
+  int64_t host_state_bytes() const { return bytes_held(Side::host, Held::states); }
+  int64_t device_master_bytes() const { return bytes_held(Side::device, Held::master); }
+  int64_t device_state_bytes() const { return bytes_held(Side::device, Held::states); }
   // The device parts' masters and states (what offload_states moves; the host parts are there).
   std::vector<at::Tensor> device_masters() const;
   std::vector<at::Tensor> device_states() const;
@@ -53,6 +54,9 @@ class SplitStateStore final : public StateStore {
   void settle();
 
  private:
+  enum class Side : uint8_t { host, device };
+  enum class Held : uint8_t { master, states };
+  int64_t bytes_held(Side side, Held held) const;
   const Group& group_at(int64_t group) const;
   int64_t split(const Group& g) const;
   const Part& page_in(int64_t group) const;

@@ -49,9 +49,7 @@ std::string config(const Setup& s) {
 }
 
 std::shared_ptr<Engine> engine_for(const Trainee& t, const Setup& s) {
-  return tessera::initialize(t.gpt->module(),
-                             tessera::config::load_config_text(config(s), tessera::config::Format::toml, "overlap_test"))
-      .engine;
+  return engine_from_toml(t, config(s), "overlap_test");
 }
 
 struct Trained {
@@ -124,15 +122,7 @@ TEST_CASE("With a pause before step(), the sub-groups are updated before step() 
 }
 
 void expect_refused(const Setup& s, const std::string& words) {
-  auto t = trainee();
-  try {
-    engine_for(t, s);
-    FAIL("accepted: " << config(s));
-  } catch (const tessera::Error& e) {
-    INFO(e.what());
-    CHECK(std::string(e.what()).find("tessera.offload.optimizer_during_backward") != std::string::npos);
-    CHECK(std::string(e.what()).find(words) != std::string::npos);
-  }
+  tessera::offload_testing::expect_refused(trainee(), config(s), "tessera.offload.optimizer_during_backward", words);
 }
 
 TEST_CASE("Updating during backward is refused where an update needs every gradient first", "[overlap]") {

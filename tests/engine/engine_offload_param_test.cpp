@@ -50,9 +50,7 @@ std::string config(const Setup& s) {
 }
 
 std::shared_ptr<Engine> engine_for(const Trainee& t, const Setup& s) {
-  return tessera::initialize(t.gpt->module(),
-                             tessera::config::load_config_text(config(s), tessera::config::Format::toml, "offload_param_test"))
-      .engine;
+  return engine_from_toml(t, config(s), "offload_param_test");
 }
 
 tessera::transport::Communicator& test_comm() { return test_communicator("offload_param_test"); }

@@ -55,10 +55,7 @@ std::string config(const Setup& s) {
 }
 
 std::shared_ptr<Engine> engine_for(const Trainee& t, const Setup& s, const tessera::InitializeOptions& options = {}) {
-  return tessera::initialize(t.gpt->module(),
-                             tessera::config::load_config_text(config(s), tessera::config::Format::toml, "offload_test"),
-                             options)
-      .engine;
+  return engine_from_toml(t, config(s), "offload_test", options);
 }
 
 

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "actors/engine/engine.h"
+#include "core/config/load.h"
+#include "core/error.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
 #include "tests/engine/storage_snapshot.h"
@@ -70,6 +72,25 @@ inline std::vector<double> train(Engine& engine, const Trainee& t, int from, int
       losses.push_back(loss.item<double>());
     }
   return losses;
+}
+
+// An engine for `t` from TOML text; `source` names the text in errors.
+inline std::shared_ptr<Engine> engine_from_toml(const Trainee& t, const std::string& toml, const std::string& source,
+                                                const InitializeOptions& options = {}) {
+  return initialize(t.gpt->module(), config::load_config_text(toml, config::Format::toml, source), options).engine;
+}
+
+// initialize() refuses `toml` for `t` with an error naming `key` and saying `words`.
+inline void expect_refused(const Trainee& t, const std::string& toml, const std::string& key, const std::string& words,
+                           const InitializeOptions& options = {}) {
+  try {
+    engine_from_toml(t, toml, "refused_test", options);
+    FAIL("accepted: " << toml);
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find(key) != std::string::npos);
+    CHECK(std::string(e.what()).find(words) != std::string::npos);
+  }
 }
 
 inline std::string first(const std::vector<std::string>& keys) { return keys.empty() ? "" : keys.front(); }

@@ -3,8 +3,8 @@
 // store in the optimizer-shard's order, and bitwise comparisons.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <catch2/catch.hpp>
-#include <torch/torch.h>
 
 #include <cstring>
 #include <memory>
@@ -25,12 +25,12 @@ inline std::unique_ptr<OptimizerKernel> adamw() {
 
 // Two flat groups, partitions of 10,007 and 3,001 elements, cut into sub-groups of `sub`.
 struct Model {
-  std::vector<torch::Tensor> partitions;
+  std::vector<at::Tensor> partitions;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> sub_groups;
   explicit Model(int64_t sub, std::vector<int64_t> sizes = {10007, 3001}) {
-    torch::manual_seed(3);
+    at::manual_seed(3);
     for (int64_t n : sizes) {
-      partitions.push_back(torch::randn({n}));
+      partitions.push_back(at::randn({n}));
       std::vector<std::pair<int64_t, int64_t>> cuts;
       for (int64_t b = 0; b < n; b += sub) cuts.push_back({b, std::min(n, b + sub)});
       sub_groups.push_back(cuts);
@@ -50,14 +50,14 @@ inline std::unique_ptr<MemoryStateStore> memory_store(const Model& m, const Opti
   return std::make_unique<MemoryStateStore>(std::move(groups));
 }
 
-inline torch::Tensor gradient(int64_t step, int64_t g, int64_t n) {
-  return torch::randn({n}, torch::TensorOptions().dtype(torch::kFloat)).mul_(0.1).add_(double(step + g) * 1e-3);
+inline at::Tensor gradient(int64_t step, int64_t g, int64_t n) {
+  return at::randn({n}, at::TensorOptions().dtype(at::kFloat)).mul_(0.1).add_(double(step + g) * 1e-3);
 }
 
 // One optimizer step through a store, in the optimizer-shard's order: acquire, step, release
 // (the NVMe store holds the previous record until the next is stepped, as the shard does).
 inline void step(StateStore& store, const Model& m, const OptimizerKernel& k, int64_t number, Workspace& ws) {
-  torch::manual_seed(uint64_t(100 + number));
+  at::manual_seed(uint64_t(100 + number));
   for (size_t g = 0; g < m.sub_groups.size(); ++g) {
     const auto grad = gradient(number, int64_t(g), m.partitions[g].numel());
     for (size_t s = 0; s < m.sub_groups[g].size(); ++s) {
@@ -69,7 +69,7 @@ inline void step(StateStore& store, const Model& m, const OptimizerKernel& k, in
   }
 }
 
-inline bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+inline bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && std::memcmp(a.data_ptr(), b.data_ptr(), size_t(a.numel() * a.element_size())) == 0;
 }
 
