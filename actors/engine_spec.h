@@ -74,8 +74,10 @@ struct EngineSpec {
   OptimizerOffload optimizer_offload;
   // Parameter offload (zero_optimization.offload_param, stage 3): where the weight buffers live.
   // Gathers copy the partitions' pieces into the units on the device ahead of use (the prefetch
-  // order); updates write into the host copies.
+  // order); updates write into the host copies. On NVMe (weight_home nvme) the partitions are in
+  // parameter_swap's file, read piece by piece for the gathers and paged in whole for a step.
   zero::WeightHome weight_home = zero::WeightHome::with_units;
+  zero::ParameterSwapOptions parameter_swap;  // weight_home nvme only
 
   int64_t owned_partition() const { return plan->owned_partition(rank); }
   zero::GradientMode gradient_mode() const { return plan->gradient_mode(); }

@@ -1,4 +1,5 @@
 #include "actors/optimizer_shard.h"
+#include "actors/partition_weights.h"
 
 #include <ATen/ATen.h>
 
@@ -72,22 +73,22 @@ struct OptimizerShardState {
 
   // The sub-groups that step beside the parameters (all without offload, none with all offloaded),
   // in place; the step count is step()'s.
-  void update(const StepRequest& request, const GradientsReady& ready, const Buffers& parameters) {
+  void update(const StepRequest& request, const GradientsReady& ready, const PartitionWeights& parameters) {
     const auto& groups = spec->plan->groups();
     for (size_t g = 0; g < groups.size(); ++g) {
       const auto& kernel = *kernels[g];
       const auto& hp = request.hyperparameters.at(size_t(groups[g].param_group));
       const auto& grad = ready.partitions.at(g);
-      const auto& param = parameters.tensors.at(g);
       for (size_t s = 0; s < sub_groups[g].size(); ++s) {
         if (on_host(g, s)) continue;
         const auto [begin, end] = sub_groups[g][s];
         auto state = store->acquire(int64_t(g), int64_t(s));
-        auto target_param = param.narrow(0, begin, end - begin);
+        auto target_param = parameters.acquire(g, begin, end);
         const auto& target = state.master.defined() ? state.master : target_param;
         kernel.step(target, grad.narrow(0, begin, end - begin), state.states, updates + 1, hp, workspace);
         ++updated_this_step;
         if (state.master.defined()) target_param.copy_(state.master);  // round into the parameters' dtype
+        parameters.release(g, begin, target_param);
         store->release(int64_t(g), int64_t(s));
       }
     }
@@ -98,7 +99,7 @@ struct OptimizerShardState {
   // same kernel steps the host master, and the offload actor rounds it into the parameters'
   // dtype and copies it into the device partition while the next sub-group steps. Same inputs,
   // same kernel, same rounding: the bits of update().
-  void update_offloaded(const StepRequest& request, const GradientsReady& ready, const Buffers& parameters,
+  void update_offloaded(const StepRequest& request, const GradientsReady& ready, const PartitionWeights& parameters,
                         StepReport& report) {
     struct Piece { size_t g, s; int64_t begin, end; };
     std::vector<Piece> pieces;
@@ -121,17 +122,27 @@ struct OptimizerShardState {
     using InFlight = decltype(gradients_to_host(0));
     std::deque<InFlight> arriving;
     using Leaving = decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}));
-    std::deque<std::pair<Leaving, size_t>> leaving;  // and the piece it reads (acquired until the reply)
+    // Each copy in flight, the piece it reads (acquired until the reply) and the weights it writes.
+    struct Departure { Leaving request; size_t piece; at::Tensor target; };
+    std::deque<Departure> leaving;
     // A sub-group stays acquired until its weights have left. In host memory that costs nothing;
     // NVMe keeps few records in memory, so each is released (written back) as soon as its weights
     // are copied, while the next one steps.
     const size_t in_flight = nvme ? 1 : size_t(staging_slots);
     auto weights_left = [&] {
-      auto& [request, piece] = leaving.front();
-      request.receive([&](Done& d) {
-        if (d.error && !failure) failure = d.error;
+      auto& d = leaving.front();
+      bool copied = false;
+      d.request.receive([&](Done& done) {
+        if (done.error && !failure) failure = done.error;
+        copied = !done.error;
       }, fail("weights to the device"));
-      store->release(int64_t(pieces[piece].g), int64_t(pieces[piece].s));
+      const auto& p = pieces[d.piece];
+      try {
+        if (copied) parameters.release(p.g, p.begin, d.target);  // parameters on NVMe: into the swap
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      store->release(int64_t(p.g), int64_t(p.s));
       leaving.pop_front();
     };
     const auto swap_before = nvme ? nvme->stats() : optim::NvmeStoreStats{};
@@ -169,9 +180,16 @@ struct OptimizerShardState {
       ++updated_this_step;
       // Slot i % staging_slots is free again: ask for the sub-group that uses it next.
       if (asked < pieces.size()) arriving.push_back(gradients_to_host(asked++));
-      WeightsToDevice out{int64_t(i) % staging_slots, state.master,
-                          parameters.tensors.at(p.g).narrow(0, p.begin, p.end - p.begin)};
-      leaving.emplace_back(self->request(offload, bound(), to_device_atom::value, std::move(out)), i);
+      at::Tensor target;
+      try {
+        target = parameters.acquire(p.g, p.begin, p.end);
+      } catch (...) {
+        failure = std::current_exception();
+        store->release(int64_t(p.g), int64_t(p.s));
+        break;
+      }
+      WeightsToDevice out{int64_t(i) % staging_slots, state.master, target};
+      leaving.push_back(Departure{self->request(offload, bound(), to_device_atom::value, std::move(out)), i, target});
       while (leaving.size() > in_flight && !failure) weights_left();
     }
     // Every reply is taken, also after a failure (no copy may outlive the lends).
@@ -267,7 +285,9 @@ struct OptimizerShardState {
 
   // After update_during_backward(): every sub-group's updated host master into the device's
   // parameter partition (rounded by the offload actor), up to staging_slots copies in flight.
-  void write_back(const Buffers& parameters, StepReport& report) {
+  void write_back(const PartitionWeights& parameters, StepReport& report) {
+    // (engine_settings refuses updating during backward with the parameters on NVMe)
+    if (parameters.swapped()) throw Error("optimizer-shard: an update during backward with the parameters on NVMe");
     caf::scoped_actor self{actor_system()};
     std::exception_ptr failure;
     using Leaving = decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}));
@@ -290,7 +310,7 @@ struct OptimizerShardState {
         if (!on_host(g, sub)) continue;
         const auto [begin, end] = sub_groups[g][sub];
         auto state = store->acquire(int64_t(g), int64_t(sub));
-        WeightsToDevice out{i++ % staging_slots, state.master, parameters.tensors.at(g).narrow(0, begin, end - begin)};
+        WeightsToDevice out{i++ % staging_slots, state.master, parameters.acquire(g, begin, end)};
         leaving.emplace_back(self->request(offload, bound(), to_device_atom::value, std::move(out)), std::make_pair(g, sub));
         while (leaving.size() >= size_t(staging_slots) && !failure) weights_left();
       }
@@ -301,7 +321,7 @@ struct OptimizerShardState {
 
   // step() after update_during_backward(): the same request, every host sub-group updated once,
   // then the device's share (ratio < 1) in place.
-  void finish_early(const StepRequest& request, const GradientsReady& ready, const Buffers& parameters, StepReport& report) {
+  void finish_early(const StepRequest& request, const GradientsReady& ready, const PartitionWeights& parameters, StepReport& report) {
     auto e = std::exchange(early, Early{});
     updated_this_step = e.updated;  // what a failure below leaves updated
     if (e.error) std::rethrow_exception(e.error);
@@ -381,7 +401,8 @@ struct OptimizerShardState {
     };
     if (!ready.overflow) {
       auto t0 = std::chrono::steady_clock::now();
-      auto parameters = checked(ask<Buffers>(parameter_shard, bound(), "parameter-shard (partitions)", partitions_atom::value));
+      const PartitionWeights parameters(
+          checked(ask<Buffers>(parameter_shard, bound(), "parameter-shard (partitions)", partitions_atom::value)));
       if (early.started) {
         finish_early(request, ready, parameters, report);
       } else if (offload) {
@@ -433,11 +454,12 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
         Done done;
         auto& s = self->state;
         try {
-          auto parameters = checked(ask<Buffers>(s.parameter_shard, s.bound(), "parameter-shard (partitions)", partitions_atom::value));
+          const PartitionWeights parameters(
+              checked(ask<Buffers>(s.parameter_shard, s.bound(), "parameter-shard (partitions)", partitions_atom::value)));
           for (const auto& r : request.ranges) {
             auto master = s.store->partition_master(r.group);
             if (master.defined())
-              master.narrow(0, r.begin, r.length).copy_(parameters.tensors.at(size_t(r.group)).narrow(0, r.begin, r.length));
+              master.narrow(0, r.begin, r.length).copy_(parameters.acquire(size_t(r.group), r.begin, r.begin + r.length));
           }
         } catch (...) {
           done.error = std::current_exception();

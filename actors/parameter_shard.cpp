@@ -48,9 +48,12 @@ parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stat
         }
         return done;
       },
-      [=](buffers_atom) -> Buffers {
+      [=](buffers_atom, BufferContents contents) -> Buffers {
         Buffers out;
-        for (const auto& f : self->state.flat) out.tensors.push_back(f->buffer());
+        for (const auto& f : self->state.flat) {
+          out.weight_bytes += int64_t(f->buffer().numel() * f->buffer().element_size());
+          if (contents == BufferContents::tensors) out.tensors.push_back(f->buffer());
+        }
         return out;
       },
       [=](fetch_atom, const FetchRequest&) -> Done { return Done{}; },  // stages 0-2 keep every parameter gathered

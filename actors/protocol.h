@@ -22,9 +22,11 @@
 //                                gradients are final in this backward (replied when there is one)
 //   <- settle -> Done            wait for everything issued; every sub-group is final now
 // parameter-shard (owns the flat parameter buffers; the only issuer on the parameter communicator)
-//   <- partitions -> Buffers     this rank's partitions, lent to the optimizer until `gather`
+//   <- partitions -> Buffers     this rank's partitions, lent to the optimizer until `gather` (on
+//                                NVMe: the swap they are in, read and written range by range)
 //   <- gather -> Done            all-gather the updated partitions into every rank's buffers
-//   <- buffers -> Buffers        the whole flat buffers (storage maps, memory; between steps)
+//   <- buffers(BufferContents) -> Buffers   the whole flat buffers (storage maps; between steps),
+//                                or only their sizes and counters (memory, stats: nothing paged in)
 //   <- fetch(FetchRequest) -> Done   ZeRO-3: gather the unit (all-gather of its segments) if
 //                                released. The kind says why: a gathered-parameters scope's
 //                                (outside the module order, exact values), a forward's without
@@ -66,12 +68,17 @@
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "actors/offload_state.h"
 #include "core/optim/optimizer_kernel.h"
 #include "core/zero/parked_storage.h"
+
+namespace tessera::zero {
+class ParameterSwap;
+}  // namespace tessera::zero
 
 namespace tessera::actors {
 
@@ -224,8 +231,16 @@ struct Stage3Counters {
   int64_t gathered_wire_bytes = 0;  // of every gather, the whole gathered segments in their wire dtype
 };
 
+// What a buffers request wants: the tensors (parameters on NVMe: paged in, lent until the next
+// gather), or their sizes and counters only.
+enum class BufferContents : uint8_t { sizes, tensors };
+
 struct Buffers {
-  std::vector<at::Tensor> tensors;  // per flat group
+  std::vector<at::Tensor> tensors;  // per flat group (BufferContents::tensors; partitions unless swapped)
+  std::shared_ptr<zero::ParameterSwap> swap;  // partitions on NVMe: read and written through it (PartitionWeights)
+  int64_t weight_bytes = 0;         // the weight buffers' bytes in memory now (device, or host with parameter offload)
+  int64_t swap_buffer_bytes = 0;    // parameters on NVMe: the swap's host buffers
+  int64_t swap_file_bytes = 0;      // parameters on NVMe: the swap file
   int64_t gathered_bytes = 0;       // ZeRO-3: storage of the units gathered right now
   Stage3Counters stage3;
   std::exception_ptr error;
@@ -352,7 +367,7 @@ using gradient_reducer_actor = caf::typed_actor<
 
 using parameter_shard_actor =
     caf::typed_actor<caf::replies_to<partitions_atom>::with<Buffers>, caf::replies_to<gather_atom>::with<Done>,
-                     caf::replies_to<buffers_atom>::with<Buffers>, caf::replies_to<fetch_atom, FetchRequest>::with<Done>,
+                     caf::replies_to<buffers_atom, BufferContents>::with<Buffers>, caf::replies_to<fetch_atom, FetchRequest>::with<Done>,
                      caf::reacts_to<release_atom, ReleaseRequest>, caf::reacts_to<window_atom, WindowEdge>,
                      caf::replies_to<writeback_atom, WritebackRequest>::with<Done>,
                      caf::replies_to<park_atom, ParkRequest>::with<Parked>, caf::replies_to<unpark_atom>::with<Parked>>;
@@ -378,6 +393,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StagedChunk)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::FinishRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::GradientsReady)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::Buffers)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::BufferContents)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::StepReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::OptimizerStates)

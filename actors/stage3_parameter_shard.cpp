@@ -113,7 +113,7 @@ struct Stage3ShardState {
       const auto& s = plan().segments()[size_t(index)];
       const auto wire = exact ? spec->dtype : spec->gather_dtype(s.group);
       auto buffer = wire == gathered.scalar_type() ? gathered : at::empty({gathered.numel()}, gathered.options().dtype(wire));
-      buffer.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel).copy_(params->piece(index));
+      params->read_piece(index, buffer.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel));
       if (comm) f.works.push_back(comm->all_gather_in_place(buffer, guarded));
       if (!buffer.is_same(gathered)) f.widen.emplace_back(buffer, gathered);
     }
@@ -347,7 +347,7 @@ struct Stage3ShardState {
     // This rank's piece of each gathered segment back into the partition.
     auto keep_piece = [&](int64_t index, const at::Tensor& gathered) {
       const auto& s = plan().segments()[size_t(index)];
-      params->piece(index).copy_(gathered.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel));
+      params->write_piece(index, gathered.narrow(0, s.layout.partition_begin(spec->rank), s.layout.partition_numel));
     };
     for (int64_t u : units)
       for (int64_t index : plan().units()[size_t(u)].segments)
@@ -391,7 +391,16 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
       [=](partitions_atom) -> Buffers {
         Buffers out;
         auto& st = self->state;
-        for (size_t g = 0; g < st.plan().groups().size(); ++g) out.tensors.push_back(st.params->partition(int64_t(g)));
+        try {
+          if (st.params->swap()) {  // on NVMe: the optimizer reads and writes sub-group by sub-group
+            st.params->settle_lent();
+            out.swap = st.params->shared_swap();
+            return out;
+          }
+          for (size_t g = 0; g < st.plan().groups().size(); ++g) out.tensors.push_back(st.params->partition(int64_t(g)));
+        } catch (...) {
+          out.error = std::current_exception();
+        }
         return out;
       },
       [=](gather_atom) -> Done {
@@ -404,10 +413,13 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
         }
         return done;
       },
-      [=](buffers_atom) -> Buffers {
+      [=](buffers_atom, BufferContents contents) -> Buffers {
         Buffers out;
         auto& st = self->state;
-        for (size_t g = 0; g < st.plan().groups().size(); ++g) out.tensors.push_back(st.params->weight_buffer(int64_t(g)));
+        if (contents == BufferContents::tensors)
+          for (size_t g = 0; g < st.plan().groups().size(); ++g) out.tensors.push_back(st.params->weight_buffer(int64_t(g)));
+        out.weight_bytes = st.params->resident_weight_bytes();
+        if (const auto* swap = st.params->swap()) out.swap_buffer_bytes = swap->buffer_bytes(), out.swap_file_bytes = swap->file_bytes();
         out.gathered_bytes = st.params->gathered_bytes();
         out.stage3 = st.counters;
         return out;

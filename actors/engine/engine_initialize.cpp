@@ -179,6 +179,19 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
                           "\"cpu\" or \"nvme\" (the update of host partitions by a device optimizer is not yet supported)");
     }
   }
+  if (settings.parameter_offload == config::OffloadDevice::nvme) {
+    // The device copies a GPU forward would read (persistent parameters, partitions for a device
+    // optimizer) come from host memory, which has not run beside a GPU yet.
+    if (device.is_cuda())
+      throw ConfigError("zero_optimization.offload_param.device = \"nvme\" on a GPU: not yet supported (use \"cpu\")");
+    spec->weight_home = zero::WeightHome::nvme;
+    auto& swap = spec->parameter_swap;
+    swap.path = settings.parameter_offload_nvme_path + "/tessera_parameters_rank" + std::to_string(rank) + ".swap";
+    swap.chunk_bytes = settings.parameter_offload_buffer_size * int64_t(c10::elementSize(dtype));
+    swap.buffers = std::max<int64_t>(2, settings.parameter_offload_buffer_count);
+    swap.aio = settings.aio;
+    swap.aio.timeout = spec->timeout;
+  }
   if (settings.optimizer_offload != config::OffloadDevice::none) {
     const bool nvme = settings.optimizer_offload == config::OffloadDevice::nvme;
     spec->optimizer_offload.placement = nvme ? actors::StatePlacement::nvme : actors::StatePlacement::host;
@@ -205,7 +218,7 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
 std::unique_ptr<zero::Stage3Parameters> stage3_storage(const zero::ShardingPlan& plan, int rank, int size,
                                                        const std::vector<at::Tensor>& parameters, at::ScalarType dtype,
                                                        const std::shared_ptr<transport::Communicator>& param_comm,
-                                                       zero::WeightHome home) {
+                                                       const actors::EngineSpec& spec) {
   zero::Stage3Parameters::Fill gather_chunks = [&](int64_t i, const at::Tensor& view) {
     const auto chunk = zero::constructed_chunk(parameters[size_t(i)]);
     if (!chunk) return false;
@@ -215,7 +228,9 @@ std::unique_ptr<zero::Stage3Parameters> stage3_storage(const zero::ShardingPlan&
     view.reshape({-1}).copy_(whole.narrow(0, 0, chunk->numel));
     return true;
   };
-  auto storage = std::make_unique<zero::Stage3Parameters>(plan, rank, parameters, dtype, gather_chunks, home);
+  std::optional<zero::ParameterSwapOptions> swap;
+  if (spec.weight_home == zero::WeightHome::nvme) swap = spec.parameter_swap;
+  auto storage = std::make_unique<zero::Stage3Parameters>(plan, rank, parameters, dtype, gather_chunks, spec.weight_home, swap);
   for (const auto& p : parameters) zero::forget_constructed(p);
   return storage;
 }
@@ -319,14 +334,19 @@ std::unique_ptr<Engine::Impl> assemble_engine(EngineSetup& s, std::shared_ptr<to
   const auto& plan = s.plan;
   const bool stage3 = s.settings.stage == 3, inference = s.inference;
   auto spec = engine_spec(s.settings, plan, s.dtype, s.device, s.rank, s.size, inference);
-  if (!s.groups.empty() && s.groups.front().client_step) actors::detach_client_parameters(*options.optimizer);
+  if (!s.groups.empty() && s.groups.front().client_step) {
+    if (spec->weight_home == zero::WeightHome::nvme)  // it steps whole partitions, in place, by their address
+      throw ConfigError("zero_optimization.offload_param.device = \"nvme\" with a client optimizer run by its own step() "
+                        "is not supported yet: use the config's optimizer section, or offload_param.device \"cpu\"");
+    actors::detach_client_parameters(*options.optimizer);
+  }
   std::vector<std::unique_ptr<zero::FlatParameters>> flat;
   std::vector<std::shared_ptr<optim::OptimizerKernel>> kernels;  // per flat group
   std::vector<at::Tensor> partitions, parameters;
   for (const auto& [name, p] : s.trainable) parameters.push_back(p);
   std::unique_ptr<zero::Stage3Parameters> stage3_parameters;
   if (stage3) {
-    stage3_parameters = stage3_storage(*plan, s.rank, s.size, parameters, s.dtype, param_comm, spec->weight_home);
+    stage3_parameters = stage3_storage(*plan, s.rank, s.size, parameters, s.dtype, param_comm, *spec);
     for (size_t g = 0; g < plan->groups().size(); ++g) {
       partitions.push_back(stage3_parameters->partition(int64_t(g)));
       if (!inference) kernels.push_back(s.group_kernels[size_t(plan->groups()[g].param_group)]);

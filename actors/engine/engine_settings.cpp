@@ -17,6 +17,15 @@ namespace {
                     " is not supported by the engine yet");
 }
 
+// A swap files' directory (nvme_path): exists, is a directory, is writable; else named.
+void check_swap_directory(const config::Config& c, const std::string& key, const std::string& path) {
+  const auto where = (c.source.empty() ? std::string() : c.source + ": ") + key + " = \"" + path + "\": ";
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) throw ConfigError(where + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) throw ConfigError(where + "not a directory");
+  if (::access(path.c_str(), W_OK | X_OK) != 0) throw ConfigError(where + "not writable: " + std::strerror(errno));
+}
+
 }  // namespace
 
 EngineSettings engine_settings(const config::Config& c) {
@@ -72,12 +81,7 @@ EngineSettings engine_settings(const config::Config& c) {
     s.optimizer_offload_ratio = o.ratio;  // (with nvme below 1: refused by config validation's not-yet list)
     if (o.device.value == config::OffloadDevice::nvme) {
       s.optimizer_offload_nvme_path = o.nvme_path;
-      const auto where = (c.source.empty() ? std::string() : c.source + ": ") +
-                         "zero_optimization.offload_optimizer.nvme_path = \"" + o.nvme_path + "\": ";
-      struct stat st{};
-      if (::stat(o.nvme_path.c_str(), &st) != 0) throw ConfigError(where + std::strerror(errno));
-      if (!S_ISDIR(st.st_mode)) throw ConfigError(where + "not a directory");
-      if (::access(o.nvme_path.c_str(), W_OK | X_OK) != 0) throw ConfigError(where + "not writable: " + std::strerror(errno));
+      check_swap_directory(c, "zero_optimization.offload_optimizer.nvme_path", o.nvme_path);
     }
   }
   if (c.tessera.offload.optimizer_during_backward) {
@@ -101,13 +105,19 @@ EngineSettings engine_settings(const config::Config& c) {
   }
   {
     const auto& o = c.zero_optimization.offload_param;
-    if (o.device.value == config::OffloadDevice::nvme)
-      not_yet(c, "zero_optimization.offload_param.device", "parameter offload to NVMe");
     if (o.device.value != config::OffloadDevice::none && s.stage != 3)
       throw ConfigError((c.source.empty() ? std::string() : c.source + ": ") +
                         "zero_optimization.offload_param.device: parameter offload needs ZeRO stage 3");
     s.parameter_offload = o.device.value;
     s.parameter_offload_pin_memory = o.pin_memory;
+    if (o.device.value == config::OffloadDevice::nvme) {
+      s.parameter_offload_nvme_path = o.nvme_path;
+      s.parameter_offload_buffer_count = o.buffer_count;
+      s.parameter_offload_buffer_size = o.buffer_size;
+      check_swap_directory(c, "zero_optimization.offload_param.nvme_path", o.nvme_path);
+      if (c.tessera.offload.optimizer_during_backward)
+        not_yet(c, "tessera.offload.optimizer_during_backward", "with offload_param.device = \"nvme\", updating during backward");
+    }
   }
   if (c.tensor_parallel.autotp_size > 1) not_yet(c, "tensor_parallel.autotp_size", "tensor parallelism");
   s.aio.block_size = c.aio.block_size;

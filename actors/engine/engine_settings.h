@@ -63,6 +63,9 @@ struct EngineSettings {
   // zero_optimization.offload_param (stage 3): device cpu keeps the weight partitions in host memory.
   config::OffloadDevice parameter_offload = config::OffloadDevice::none;
   bool parameter_offload_pin_memory = false;
+  std::string parameter_offload_nvme_path;  // device nvme: the swap files' directory (exists, writable)
+  int64_t parameter_offload_buffer_count = 0;  // device nvme: chunks of the swap in host memory
+  int64_t parameter_offload_buffer_size = 0;   // device nvme: elements per chunk
   UpdateTiming optimizer_update = UpdateTiming::in_step;  // tessera.offload.optimizer_during_backward
   int64_t collective_timeout_ms = 0;  // tessera.transport.collective_timeout_ms
 };

@@ -123,11 +123,12 @@ EngineMemory Engine::memory() const {
   auto& s = *impl_;
   EngineMemory m;
   const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "memory: the parameter-shard",
-                                                                    actors::buffers_atom::value));
-  int64_t weight_buffers = 0;
-  for (const auto& b : buffers.tensors) weight_buffers += int64_t(b.numel() * b.element_size());
-  // Parameter offload: the partitions (and persistent segments) in host memory, the gathered units on the device.
-  (zero::in_host_memory(s.spec->weight_home) ? m.host.parameters : m.parameters) += weight_buffers;
+                                                                    actors::buffers_atom::value, actors::BufferContents::sizes));
+  // Parameter offload: the partitions (and persistent segments) in host memory, the gathered units
+  // on the device; on NVMe the partitions are in the swap file, a few chunks in host buffers.
+  (zero::in_host_memory(s.spec->weight_home) ? m.host.parameters : m.parameters) += buffers.weight_bytes;
+  m.host.swap_buffers += buffers.swap_buffer_bytes;
+  m.nvme += buffers.swap_file_bytes;
   m.parameters += buffers.gathered_bytes;
   if (s.inference) {
     m.parameters -= s.offloaded.parameters;
@@ -146,8 +147,8 @@ EngineMemory Engine::memory() const {
   m.host.optimizer_states = states.host_state_bytes;
   if (states.host) {  // optimizer offload: the staging and the kernels' workspace in host memory
     m.host.staging = states.staging_bytes + states.workspace_bytes;
-    m.host.swap_buffers = states.swap_buffer_bytes;
-    m.nvme = states.swap_file_bytes;
+    m.host.swap_buffers += states.swap_buffer_bytes;
+    m.nvme += states.swap_file_bytes;
   } else {
     m.scratch += states.workspace_bytes;
   }
@@ -164,7 +165,7 @@ Stage3Stats Engine::stage3_stats() const {
   Stage3Stats out;
   if (!s.stage3) return out;
   const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "stage3_stats: the parameter-shard",
-                                                                    actors::buffers_atom::value));
+                                                                    actors::buffers_atom::value, actors::BufferContents::sizes));
   const auto& c = buffers.stage3;
   auto counts = [](const actors::FetchCounts& f) { return Stage3FetchCounts{f.fetches, f.prefetched, f.already_gathered}; };
   auto of = [&](actors::FetchKind k) { return counts(c.by_kind[size_t(k)]); };
@@ -182,7 +183,7 @@ EngineStorage Engine::storage_maps() const {
   auto& s = *impl_;
   s.require_resident("storage_maps");
   const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "storage_maps: the parameter-shard",
-                                                                    actors::buffers_atom::value));
+                                                                    actors::buffers_atom::value, actors::BufferContents::tensors));
   if (s.inference) return actors::describe_storage(*s.spec, buffers, actors::OptimizerStates{});  // weights only
   const auto states = actors::checked(actors::ask<actors::OptimizerStates>(s.optimizer_shard, s.bound(),
                                                                            "storage_maps: the optimizer-shard", actors::states_atom::value));

@@ -78,7 +78,8 @@ void Stage3Driver::unpin(const std::vector<int64_t>& units) {
   // A scope's end is synchronous: the caller may hand the model to code that checks or copies its
   // parameters next, which must not race with the shard freeing them. (Messages from one thread
   // are handled in order, so this round trip comes after the releases.)
-  (void)ask<Buffers>(shard_, bound_, "ZeRO-3: the parameter-shard (ending a gathered-parameters scope)", buffers_atom::value);
+  (void)ask<Buffers>(shard_, bound_, "ZeRO-3: the parameter-shard (ending a gathered-parameters scope)", buffers_atom::value,
+                     BufferContents::sizes);
 }
 
 bool Stage3Driver::autocast_enabled() { return at::autocast::is_cpu_enabled(); }

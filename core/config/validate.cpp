@@ -258,9 +258,7 @@ class Checker {
     }
     // Modelled and checked, but not in the engine yet: listed as not yet supported, so that
     // `config check` says so and the engine refuses them by this list. Optimizer offload to host
-    // memory and to NVMe and parameter offload to host memory are supported; parameters on NVMe are not yet.
-    if (!op.is_auto && op.value == OffloadDevice::nvme)
-      unsupported(p + "offload_param.device", "\"nvme\"", "parameter offload to NVMe");
+    // memory and to NVMe and parameter offload to host memory and to NVMe are supported.
     if (ratio < 1.0 && !oo.is_auto && oo.value == OffloadDevice::nvme)
       unsupported(p + "offload_optimizer.ratio", num(ratio), "partial optimizer offload to NVMe (it is supported with device \"cpu\")");
     struct ZeroPP { const char* key; bool on; };

@@ -8,8 +8,11 @@
 namespace tessera::zero {
 
 Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std::vector<at::Tensor>& parameters,
-                                   at::ScalarType dtype, const Fill& fill, WeightHome home)
+                                   at::ScalarType dtype, const Fill& fill, WeightHome home,
+                                   std::optional<ParameterSwapOptions> swap)
     : plan_(&plan), rank_(rank), home_(home) {
+  if ((home == WeightHome::nvme) != swap.has_value())
+    throw Error("Stage3Parameters: a swap file's options are given exactly with WeightHome::nvme");
   if (plan.stage() != 3) throw Error("Stage3Parameters: the sharding plan is for stage " + std::to_string(plan.stage()));
   if (parameters.size() != plan.parameters().size())
     throw Error("Stage3Parameters: " + std::to_string(parameters.size()) + " parameters for a plan of " +
@@ -21,8 +24,16 @@ Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std
   auto weight_options = options_;
   if (home != WeightHome::with_units)  // pinned memory exists only beside a GPU
     weight_options = options_.device(c10::kCPU).pinned_memory(home == WeightHome::host_pinned && options_.device().is_cuda());
-  for (size_t g = 0; g < plan.groups().size(); ++g)
-    weights_.push_back(at::zeros({plan.weight_buffer_elements(int64_t(g))}, weight_options));
+  std::vector<ParameterSwap::Partition> swapped;
+  for (size_t g = 0; g < plan.groups().size(); ++g) {
+    const int64_t whole = plan.weight_buffer_elements(int64_t(g)), partition = plan.groups()[g].layout.partition_numel;
+    weights_.push_back(at::zeros({swap ? whole - partition : whole}, weight_options));
+    swapped.push_back({dtype, partition});
+  }
+  if (swap) {
+    swap_ = std::make_shared<ParameterSwap>(std::move(swapped), *swap);
+    lent_.resize(plan.groups().size());
+  }
   const auto& segments = plan.segments();
   // Values of a segment's parameters into `gathered` (its padded_numel), then the parameters rebound to views of it.
   auto place = [&](const Stage3Segment& s, const at::Tensor& gathered) {
@@ -42,7 +53,7 @@ Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std
       const auto& s = segments[size_t(index)];
       if (!s.persistent()) continue;
       place(s, persistent);
-      piece(index).copy_(persistent.narrow(0, s.layout.partition_begin(rank), s.layout.partition_numel));
+      write_piece(index, persistent.narrow(0, s.layout.partition_begin(rank), s.layout.partition_numel));
     }
   }
   for (size_t u = 0; u < plan.units().size(); ++u) {
@@ -52,7 +63,7 @@ Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std
       const auto& s = segments[size_t(index)];
       auto region = gathered.narrow(0, s.gathered_offset, s.layout.padded_numel);
       place(s, region);
-      piece(index).copy_(region.narrow(0, s.layout.partition_begin(rank), s.layout.partition_numel));
+      write_piece(index, region.narrow(0, s.layout.partition_begin(rank), s.layout.partition_numel));
     }
     UnitStorage storage;
     storage.storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(gathered.storage().unsafeGetStorageImpl());
@@ -61,25 +72,106 @@ Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std
     units_.push_back(std::move(storage));
     release(int64_t(u));
   }
+  if (swap_) swap_->flush();  // a write that failed is an error of the construction
 }
 
 Stage3Parameters::~Stage3Parameters() = default;
 
-at::Tensor Stage3Parameters::partition(int64_t group) const {
-  return weights_.at(size_t(group)).narrow(0, 0, plan_->groups().at(size_t(group)).layout.partition_numel);
+at::Tensor Stage3Parameters::weight_buffer(int64_t group) {
+  return swap_ ? lend(group) : weights_.at(size_t(group));
+}
+
+at::Tensor Stage3Parameters::partition(int64_t group) {
+  return weight_buffer(group).narrow(0, 0, plan_->groups().at(size_t(group)).layout.partition_numel);
 }
 
 at::Tensor Stage3Parameters::piece(int64_t segment) const {
+  if (swap_) throw Error("Stage3Parameters: the partitions are in a swap file; a piece is read or written, not viewed");
   const auto& s = plan_->segments().at(size_t(segment));
   return weights_.at(size_t(s.group)).narrow(0, s.partition_offset, s.layout.partition_numel);
 }
 
-at::Tensor Stage3Parameters::persistent_segment(int64_t group) const {
+void Stage3Parameters::read_piece(int64_t segment, const at::Tensor& dst) {
+  if (!swap_) {
+    dst.copy_(piece(segment));
+    return;
+  }
+  settle_lent();
+  const auto& s = plan_->segments().at(size_t(segment));
+  const auto dtype = options_.dtype().toScalarType();
+  if (dst.device().is_cpu() && dst.is_contiguous() && dst.dim() == 1 && dst.scalar_type() == dtype) {
+    swap_->read(s.group, s.partition_offset, dst);
+    return;
+  }
+  auto host = at::empty({s.layout.partition_numel}, at::dtype(dtype));
+  swap_->read(s.group, s.partition_offset, host);
+  dst.copy_(host.view(dst.sizes()));
+}
+
+void Stage3Parameters::write_piece(int64_t segment, const at::Tensor& src) {
+  if (!swap_) {
+    piece(segment).copy_(src);
+    return;
+  }
+  settle_lent();
+  const auto& s = plan_->segments().at(size_t(segment));
+  if (src.numel() != s.layout.partition_numel)
+    throw Error("Stage3Parameters: a piece of segment " + std::to_string(segment) + " has " +
+                std::to_string(s.layout.partition_numel) + " elements, not " + std::to_string(src.numel()));
+  const auto host = src.to(at::kCPU, options_.dtype().toScalarType()).contiguous().view({-1});
+  swap_->write(s.group, s.partition_offset, host);
+}
+
+void Stage3Parameters::prefetch_pieces(int64_t unit) {
+  if (!swap_) return;
+  for (int64_t index : plan_->units().at(size_t(unit)).segments) {
+    const auto& s = plan_->segments()[size_t(index)];
+    swap_->prefetch(s.group, s.partition_offset, s.layout.partition_numel);
+  }
+}
+
+at::Tensor Stage3Parameters::persistent_segment(int64_t group) {
+  settle_lent();
+  const int64_t tail = swap_ ? plan_->groups().at(size_t(group)).layout.partition_numel : 0;  // where weights_ starts
   for (int64_t index : plan_->groups().at(size_t(group)).segments) {
     const auto& s = plan_->segments()[size_t(index)];
-    if (s.persistent()) return weights_[size_t(group)].narrow(0, s.gathered_offset, s.layout.padded_numel);
+    if (s.persistent()) return weights_[size_t(group)].narrow(0, s.gathered_offset - tail, s.layout.padded_numel);
   }
   return {};
+}
+
+at::Tensor Stage3Parameters::lend(int64_t group) {
+  auto& whole = lent_.at(size_t(group));
+  if (!whole.defined()) {
+    const int64_t partition = plan_->groups()[size_t(group)].layout.partition_numel;
+    auto paged = at::empty({plan_->weight_buffer_elements(group)}, at::dtype(options_.dtype().toScalarType()));
+    swap_->read(group, 0, paged.narrow(0, 0, partition));
+    paged.narrow(0, partition, paged.numel() - partition).copy_(weights_[size_t(group)]);
+    whole = std::move(paged);
+  }
+  return whole;
+}
+
+void Stage3Parameters::settle_lent() {
+  if (!swap_) return;
+  bool wrote = false;
+  for (size_t g = 0; g < lent_.size(); ++g) {
+    if (!lent_[g].defined()) continue;
+    const int64_t partition = plan_->groups()[g].layout.partition_numel;
+    swap_->write(int64_t(g), 0, lent_[g].narrow(0, 0, partition));
+    weights_[g].copy_(lent_[g].narrow(0, partition, lent_[g].numel() - partition));
+    lent_[g] = at::Tensor();
+    wrote = true;
+  }
+  if (wrote) swap_->flush();
+}
+
+int64_t Stage3Parameters::resident_weight_bytes() const {
+  int64_t n = 0;
+  for (const auto& w : weights_) n += int64_t(w.numel() * w.element_size());
+  for (const auto& w : lent_)
+    if (w.defined()) n += int64_t(w.numel() * w.element_size());
+  return n;
 }
 
 at::Tensor Stage3Parameters::materialize(int64_t unit) {

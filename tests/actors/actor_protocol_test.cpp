@@ -77,7 +77,7 @@ TEST_CASE("parameter-shard: partitions are lent views, gather fills every rank's
                        torch::full({layout.partition_numel}, float(r + 1))));
   // The module's parameters are views of that buffer.
   CHECK(f.a.data_ptr() == buffer.data_ptr());
-  auto all = checked(ask<Buffers>(shard, kTimeout, "buffers", buffers_atom::value));
+  auto all = checked(ask<Buffers>(shard, kTimeout, "buffers", buffers_atom::value, BufferContents::tensors));
   CHECK(all.tensors[0].data_ptr() == buffer.data_ptr());
   caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
 }

@@ -58,7 +58,7 @@ void fetch(parameter_shard_actor& shard, int64_t unit, FetchKind kind) {
 }
 
 Stage3Counters counters(parameter_shard_actor& shard) {
-  return checked(ask<Buffers>(shard, kTimeout, "buffers", buffers_atom::value)).stage3;
+  return checked(ask<Buffers>(shard, kTimeout, "buffers", buffers_atom::value, BufferContents::sizes)).stage3;
 }
 
 }  // namespace
@@ -106,7 +106,7 @@ TEST_CASE("stage-3 parameter-shard: exact gathers, prefetch along the record, co
   CHECK(third.prefetch_issued == second.prefetch_issued);
   // Every unit released: no storage left.
   caf::anon_send(shard, release_atom::value, ReleaseRequest{});
-  auto buffers = checked(ask<Buffers>(shard, kTimeout, "buffers", buffers_atom::value));
+  auto buffers = checked(ask<Buffers>(shard, kTimeout, "buffers", buffers_atom::value, BufferContents::tensors));
   CHECK(buffers.gathered_bytes == 0);
   for (const auto& p : f.params) CHECK(p.storage().nbytes() == 0);
   caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);

@@ -108,9 +108,9 @@ TEST_CASE("config check lists ignored and not-yet-supported keys without failing
   CHECK_THAT(r.output, Catch::Contains("# ignored"));
 }
 
-TEST_CASE("config check lists parameter offload to NVMe and AutoTP training as not yet supported", "[config][cli]") {
-  // The README promises keys the engine refuses are listed; parameters on NVMe and AutoTP are refused
-  // at initialize, optimizer offload to host memory and to NVMe and parameter offload to host memory are not.
+TEST_CASE("config check lists AutoTP training as not yet supported, and offload to host memory or NVMe not", "[config][cli]") {
+  // The README promises keys the engine refuses are listed; AutoTP is refused at initialize,
+  // optimizer and parameter offload to host memory and to NVMe are not.
   Run r = run("config check " + src("configs/deepspeed/accelerate_zero_stage3_offload_config.json"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
@@ -124,8 +124,8 @@ TEST_CASE("config check lists parameter offload to NVMe and AutoTP training as n
   r = run("config check " + nvme);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, !Catch::Contains("offload_optimizer.device = \"nvme\": not yet supported"));
-  CHECK_THAT(r.output, Catch::Contains("not yet supported, refused when the engine starts (1)"));
-  CHECK_THAT(r.output, Catch::Contains("zero_optimization.offload_param.device = \"nvme\": not yet supported (parameter offload to NVMe)"));
+  CHECK_THAT(r.output, !Catch::Contains("offload_param.device = \"nvme\": not yet supported"));
+  CHECK_THAT(r.output, !Catch::Contains("not yet supported, refused when the engine starts"));
   r = run("config check " + src("configs/autotp.toml"));
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("tensor_parallel.autotp_size = "));

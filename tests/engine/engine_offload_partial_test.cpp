@@ -40,7 +40,9 @@ struct Setup {
   double weight_decay = 0.01;
   bool during_backward = false;
   std::string device = "cpu";
-  bool parameters_offloaded = false;  // stage 3: offload_param.device = "cpu" too
+  bool parameters_offloaded = false;  // stage 3: offload_param.device = parameter_device too
+  std::string parameter_device = "cpu";
+  std::string parameter_swap_dir;  // parameter_device "nvme"
 };
 
 std::string config(const Setup& s) {
@@ -49,7 +51,10 @@ std::string config(const Setup& s) {
     offload = "[zero_optimization.offload_optimizer]\ndevice = \"" + s.device + "\"\nratio = " + std::to_string(*s.ratio) + "\n";
     if (s.device == "nvme") offload += "nvme_path = \"/tmp\"\n";
   }
-  if (s.parameters_offloaded) offload += "[zero_optimization.offload_param]\ndevice = \"cpu\"\n";
+  if (s.parameters_offloaded) {
+    offload += "[zero_optimization.offload_param]\ndevice = \"" + s.parameter_device + "\"\n";
+    if (s.parameter_device == "nvme") offload += "nvme_path = \"" + s.parameter_swap_dir + "\"\nbuffer_size = 2048\nbuffer_count = 3\n";
+  }
   if (s.during_backward) offload += "[tessera.offload]\noptimizer_during_backward = true\n";
   return offload_config(s.stage, s.clipping + s.precision, s.weight_decay, offload);
 }
@@ -89,13 +94,17 @@ TEST_CASE("Partial optimizer offload trains bit for bit as the optimizer beside 
   }
 }
 
-TEST_CASE("Partial offload with the parameters in host memory too (the device's share steps the host partitions)",
+tessera::transport::Communicator& test_comm();
+
+TEST_CASE("Partial offload with the parameters in host memory or on NVMe too (the device's share steps those partitions)",
           "[offload][partial][offload_param]") {
+  for (const std::string device : {"cpu", "nvme"})
   for (const std::string precision : {std::string(), std::string(kBf16)}) {
-    INFO((precision.empty() ? "fp32" : "bf16"));
+    INFO((precision.empty() ? "fp32" : "bf16") << ", parameters on " << device);
     Setup plain{3, precision};
     Setup both = plain;
-    both.ratio = 0.5, both.parameters_offloaded = true;
+    both.ratio = 0.5, both.parameters_offloaded = true, both.parameter_device = device;
+    if (device == "nvme") both.parameter_swap_dir = fresh_shared_dir(test_comm(), "tessera_partial", std::string("params") + (precision.empty() ? "_fp32" : "_bf16"));
     auto a = trainee(), b = trainee();
     auto on_device = engine_for(a, plain), offloaded = engine_for(b, both);
     CHECK(train(*on_device, a, 0, 3) == train(*offloaded, b, 0, 3));

@@ -351,10 +351,9 @@ TEST_CASE("Bad settings are refused before the model changes", "[engine]") {
                                         load("[zero_optimization]\nstage = 3\nstage3_param_persistence_threshold = -1\n" + opt)),
                     Catch::Contains("stage3_param_persistence_threshold"));
   CHECK_THROWS_WITH(
-      tessera::initialize(model.module(),
-                          load(opt + "[zero_optimization]\nstage = 3\n[zero_optimization.offload_param]\ndevice = \"nvme\"\n"
-                                     "nvme_path = \"/tmp\"\n")),
-      Catch::Contains("zero_optimization.offload_param.device = \"nvme\": not yet supported (parameter offload to NVMe)"));
+      tessera::initialize(model.module(), load(opt + "[zero_optimization]\nstage = 3\n[zero_optimization.offload_optimizer]\n"
+                                                      "device = \"nvme\"\nnvme_path = \"/tmp\"\nratio = 0.5\n")),
+      Catch::Contains("zero_optimization.offload_optimizer.ratio = 0.5: not yet supported (partial optimizer offload to NVMe"));
   CHECK_THROWS_WITH(
       tessera::initialize(model.module(),
                           load(opt + "[zero_optimization]\nstage = 0\n[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n")),
