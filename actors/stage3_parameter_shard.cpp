@@ -191,6 +191,7 @@ struct Stage3ShardState {
       rounded = rounded || (!exact && spec->gather_dtype(plan().segments()[size_t(index)].group) != spec->dtype);
     if (rounded) rounded_units.insert(unit);
     else rounded_units.erase(unit);
+    params->prefetch_pieces(unit);  // parameters on NVMe: every chunk of the unit's pieces read at once
     inflight.emplace(unit, issue(unit, unit_targets(unit), exact));
     counters.peak_gathered_bytes = std::max(counters.peak_gathered_bytes, params->gathered_bytes());
   }

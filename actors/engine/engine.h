@@ -45,7 +45,7 @@
 // partitioned_construction.h) is taken as its chunks. Between steps a parameter has no memory:
 // read parameters inside gathered_parameters(). Without an optimizer, initialize at stage 3 builds a
 // ZeRO inference engine (forwards only; each Engine::forward is a prefetch window).
-// Not yet (each refused with a clear error at initialize): parameter offload to NVMe, tensor parallelism.
+// Not yet (each refused with a clear error at initialize): tensor parallelism, partial optimizer offload to NVMe.
 // Cross-rank contract: every rank calls backward/step the same number of times, with the same
 // accumulation boundaries, and at ZeRO-3 runs the same modules in the same order.
 #pragma once

@@ -71,7 +71,7 @@ struct EngineSettings {
 };
 
 // `config` must be resolved (no "auto" left). Throws ConfigError for missing or unsupported
-// settings (parameter offload to NVMe, tensor parallelism, fp16 autocast on CPU) and an NVMe path that is
+// settings (tensor parallelism, fp16 autocast on CPU, updating during backward beside NVMe) and an NVMe path that is
 // not a writable directory.
 EngineSettings engine_settings(const config::Config& config);
 

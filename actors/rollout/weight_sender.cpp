@@ -41,6 +41,11 @@ struct WeightSender::Impl {
 
 WeightSender::WeightSender(Engine& engine, const nn::DecoderConfig& config, const WeightSyncOptions& options)
     : impl_(std::make_unique<Impl>()) {
+  // The sender keeps the weight buffers' handles from here on; parameters on NVMe are paged in for
+  // storage_maps() and go back to the swap at the next gather, so those handles would go stale.
+  if (engine.config().zero_optimization.offload_param.device.value == config::OffloadDevice::nvme)
+    throw ConfigError("weight sync: zero_optimization.offload_param.device = \"nvme\" is not supported by the weight "
+                      "sync yet (use \"cpu\", or export with save_16bit_model)");
   impl_->engine = &engine;
   impl_->link = std::make_unique<SyncLink>(options, true, engine.rank(), engine.world_size());
   auto& link = *impl_->link;

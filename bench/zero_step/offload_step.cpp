@@ -28,6 +28,8 @@
 //
 // --offload-param (stage 3) adds a run with the parameter partitions in host memory too
 // (offload_param.device = "cpu", beside cpu optimizer offload); host_parameters_mb says what moved.
+// With --nvme-path as well, a run with the optimizer's states and the parameters' partitions both
+// on NVMe (offload_nvme_and_parameters; offload_param buffer_size = sub_group_size, buffer_count 5).
 //
 // --ratio r (< 1) adds a run with partial offload (offload_optimizer.ratio = r: the first r of each
 // rank's sub-groups on the host, the rest stepped beside the parameters).
@@ -42,6 +44,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <thread>
 
@@ -105,7 +108,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world_size)));
   tessera::data::ByteCorpus corpus(tessera::data::ByteCorpus::default_paths());
 
-  enum class Placement { none, cpu, cpu_during_backward, cpu_with_parameters, cpu_partial, nvme };
+  enum class Placement { none, cpu, cpu_during_backward, cpu_with_parameters, cpu_partial, nvme_with_parameters, nvme };
   auto make = [&](Placement placement) {
     Run r;
     r.name = placement == Placement::none                  ? "no_offload"
@@ -113,7 +116,13 @@ int main(int argc, char** argv) {
              : placement == Placement::cpu_during_backward ? "offload_cpu_during_backward"
              : placement == Placement::cpu_with_parameters ? "offload_cpu_and_parameters"
              : placement == Placement::cpu_partial         ? "offload_cpu_partial"
+             : placement == Placement::nvme_with_parameters ? "offload_nvme_and_parameters"
                                                            : "offload_nvme";
+    const bool nvme = placement == Placement::nvme || placement == Placement::nvme_with_parameters;
+    // Each NVMe run's swap files in a directory of its own: the engines live at once, and a swap
+    // file is locked by the engine that made it.
+    const std::string swap_dir = nvme_path + "/" + r.name;
+    if (nvme) std::filesystem::create_directories(swap_dir);
     r.model = std::make_shared<tessera::nn::TinyGpt>(gpt);
     std::string toml = "train_micro_batch_size_per_gpu = " + std::to_string(micro) + "\ngradient_clipping = " +
                        (during_backward ? "0.0" : "1.0") + "\n" +
@@ -124,10 +133,13 @@ int main(int argc, char** argv) {
                        "\nreduce_bucket_size = " + std::to_string(gpt.d_model * gpt.d_model) + "\n";
     if (placement != Placement::none)
       toml += std::string("[zero_optimization.offload_optimizer]\ndevice = \"") +
-              (placement == Placement::nvme ? "nvme" : "cpu") + "\"\npin_memory = true\nbuffer_count = " +
+              (nvme ? "nvme" : "cpu") + "\"\npin_memory = true\nbuffer_count = " +
               std::to_string(buffer_count) + "\n";
     if (placement == Placement::cpu_partial) toml += "ratio = " + std::to_string(ratio) + "\n";
-    if (placement == Placement::nvme) toml += "nvme_path = \"" + nvme_path + "\"\n";
+    if (nvme) toml += "nvme_path = \"" + swap_dir + "\"\n";
+    if (placement == Placement::nvme_with_parameters)
+      toml += "[zero_optimization.offload_param]\ndevice = \"nvme\"\nnvme_path = \"" + swap_dir +
+              "\"\nbuffer_count = 5\nbuffer_size = " + std::to_string(sub_group) + "\n";
     if (placement == Placement::cpu_during_backward) toml += "[tessera.offload]\noptimizer_during_backward = true\n";
     if (placement == Placement::cpu_with_parameters)
       toml += "[zero_optimization.offload_param]\ndevice = \"cpu\"\npin_memory = true\n";
@@ -142,7 +154,8 @@ int main(int argc, char** argv) {
   if (during_backward) runs.push_back(make(Placement::cpu_during_backward));
   if (offload_param) runs.push_back(make(Placement::cpu_with_parameters));
   if (ratio < 1.0) runs.push_back(make(Placement::cpu_partial));
-  if (!nvme_path.empty()) runs.push_back(make(Placement::nvme));
+  if (!nvme_path.empty() && offload_param) runs.push_back(make(Placement::nvme_with_parameters));
+  if (!nvme_path.empty()) runs.push_back(make(Placement::nvme));  // last: the NVMe line below reads it
   int64_t parameters = 0;
   for (const auto& p : runs[0].model->module()->parameters()) parameters += p.numel();
   auto step = [&](Run& r, int64_t k) {
@@ -187,14 +200,15 @@ int main(int argc, char** argv) {
                 "\"step_ms\":%.2f,\"min_step_ms\":%.2f,\"ratio_to_no_offload\":%.3f,\"update_ms\":%.2f,"
                 "\"offload_copy_ms\":%.3f,\"offload_wait_ms\":%.3f,\"copy_hidden_fraction\":%.3f,"
                 "\"device_mb\":%.2f,\"device_master_mb\":%.2f,\"device_states_mb\":%.2f,"
-                "\"host_parameters_mb\":%.2f,\"host_master_mb\":%.2f,\"host_states_mb\":%.2f,\"host_staging_mb\":%.2f,\"peak_rss_mb\":%.1f,"
+                "\"host_parameters_mb\":%.2f,\"host_master_mb\":%.2f,\"host_states_mb\":%.2f,\"host_staging_mb\":%.2f,"
+                "\"host_swap_buffers_mb\":%.2f,\"nvme_mb\":%.2f,\"peak_rss_mb\":%.1f,"
                 "\"gradient_clipping\":%s,\"updated_before_step\":%.1f,\"ratio\":%.3f}\n",
                 r.name.c_str(), stage, dtype.c_str(), env.world_size, static_cast<long long>(parameters),
                 static_cast<long long>(sub_group), buffer_count, rounds, steps, median(r.step_ms),
                 *std::min_element(r.step_ms.begin(), r.step_ms.end()), median(ratios),
                 median(r.update_ms), median(r.copy_ms), median(r.wait_ms), hidden, m.total() * mib, m.master * mib,
                 m.optimizer_states * mib, m.host.parameters * mib, m.host.master * mib, m.host.optimizer_states * mib, m.host.staging * mib,
-                double(u.ru_maxrss) / 1024.0, during_backward ? "0.0" : "1.0", median(r.early),
+                m.host.swap_buffers * mib, m.nvme * mib, double(u.ru_maxrss) / 1024.0, during_backward ? "0.0" : "1.0", median(r.early),
                 r.name == "offload_cpu_partial" ? ratio : r.name == "no_offload" ? 0.0 : 1.0);
   }
   if (nvme_path.empty()) return 0;

@@ -28,6 +28,7 @@ struct ParameterSwap::Impl {
     int64_t chunk = -1;
     SlotState state = SlotState::free;
     uint64_t last_use = 0;
+    int64_t filled = -1;  // dirty, holding only [0, filled) of its chunk (a writer filling it from its start); -1: all
     io::UringFile::Ticket ticket;
   };
   struct Chunk {
@@ -47,6 +48,7 @@ struct ParameterSwap::Impl {
   int64_t chunk_bytes = 0;
   std::unique_ptr<io::UringFile> file;
   std::vector<Slot> slots;
+  at::Tensor scratch;  // one chunk, made when a partly filled chunk first needs the rest of its bytes
   uint64_t clock = 0;
   ParameterSwapStats stats;
   mutable std::mutex mutex;
@@ -96,7 +98,31 @@ struct ParameterSwap::Impl {
 
   void drop(Slot& slot) {
     if (slot.chunk >= 0) chunks[size_t(slot.chunk)].slot = -1;
-    slot.chunk = -1, slot.state = SlotState::free, slot.ticket.reset();
+    slot.chunk = -1, slot.state = SlotState::free, slot.ticket.reset(), slot.filled = -1;
+  }
+
+  // A partly filled slot gets the rest of its chunk's bytes: read (and verified) into the scratch
+  // buffer, or zeros for a chunk never written.
+  void complete(Slot& slot) {
+    if (slot.filled < 0) return;
+    const auto& c = chunks[size_t(slot.chunk)];
+    if (c.lost) throw OffloadError(name(c) + ": an earlier write of this chunk failed, so its values are lost");
+    if (c.written) {
+      if (!scratch.defined()) scratch = io::huge_page_empty(chunk_bytes, at::kByte);
+      auto* data = static_cast<char*>(scratch.data_ptr());
+      const auto t0 = std::chrono::steady_clock::now();
+      file->wait(file->submit(io::IoDirection::read, data, c.io_bytes, c.offset, "reading " + name(c)));
+      stats.read_wait_s += seconds_since(t0);
+      ++stats.misses;
+      if (XXH3_64bits(data, size_t(c.io_bytes)) != c.hash)
+        throw OffloadError(name(c) + ": read back (" + std::to_string(c.io_bytes) + " bytes at offset " +
+                           std::to_string(c.offset) + ") is not what the engine wrote there (XXH3 differs): the swap "
+                           "file was changed behind the engine's back");
+      std::memcpy(slot.data + slot.filled, data + slot.filled, size_t(c.io_bytes - slot.filled));
+    } else {
+      std::memset(slot.data + slot.filled, 0, size_t(c.io_bytes - slot.filled));
+    }
+    slot.filled = -1;
   }
 
   // A slot's I/O in flight, finished: a read is verified (clean), a write leaves the data (clean).
@@ -152,7 +178,7 @@ struct ParameterSwap::Impl {
       for (auto& s : slots)
         if (s.state == kind && (!oldest || s.last_use < oldest->last_use)) oldest = &s;
       if (!oldest) continue;
-      if (kind == SlotState::dirty) start_write(*oldest);
+      if (kind == SlotState::dirty) complete(*oldest), start_write(*oldest);
       settle(*oldest);
       drop(*oldest);
       return *oldest;
@@ -171,6 +197,7 @@ struct ParameterSwap::Impl {
       const bool done = slot->state != SlotState::reading || file->completed(slot->ticket);
       ++(done ? stats.hits : stats.misses);
       settle(*slot);
+      complete(*slot);
     } else {
       slot = &take_slot();
       if (c.written && !overwritten) {
@@ -263,11 +290,24 @@ void ParameterSwap::write(int64_t group, int64_t begin, const at::Tensor& src) {
   m.check_size();
   const auto* from = static_cast<const char*>(src.data_ptr());
   m.for_chunks(group, begin, src.numel(), [&](int64_t chunk, int64_t in, int64_t at, int64_t n) {
-    const auto& c = m.chunks[size_t(chunk)];
-    auto& slot = m.load(chunk, in == 0 && n == c.bytes);
-    std::memcpy(slot.data + in, from + at, size_t(n));
-    slot.state = Impl::SlotState::dirty;
-    if (in + n == c.bytes) m.start_write(slot);  // write-behind: the writer has moved past this chunk
+    auto& c = m.chunks[size_t(chunk)];
+    Impl::Slot* slot = c.slot >= 0 ? &m.slots[size_t(c.slot)] : nullptr;
+    if (slot && slot->filled >= 0 && slot->filled == in) {  // the writer goes on where it stopped
+      slot->filled += n;
+      if (slot->filled == c.bytes) {  // whole: only the page's padding is left (zeros: hashed alike every time)
+        std::memset(slot->data + c.bytes, 0, size_t(c.io_bytes - c.bytes));
+        slot->filled = -1;
+      }
+    } else if (!slot && in == 0 && n < c.bytes && !c.lost) {  // a writer starts a chunk: nothing to read yet
+      slot = &m.take_slot();
+      slot->chunk = chunk, c.slot = int64_t(slot - m.slots.data()), slot->filled = n;
+    } else {
+      slot = &m.load(chunk, in == 0 && n == c.bytes);
+    }
+    std::memcpy(slot->data + in, from + at, size_t(n));
+    slot->state = Impl::SlotState::dirty;
+    slot->last_use = ++m.clock;
+    if (in + n == c.bytes) m.start_write(*slot);  // write-behind: the writer has moved past this chunk
   });
 }
 
@@ -297,9 +337,14 @@ void ParameterSwap::prefetch(int64_t group, int64_t begin, int64_t numel) {
 void ParameterSwap::flush() {
   auto& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mutex);
-  for (auto& s : m.slots)
-    if (s.state == Impl::SlotState::dirty) m.start_write(s);
   std::exception_ptr failure;
+  for (auto& s : m.slots) {
+    try {
+      if (s.state == Impl::SlotState::dirty) m.complete(s), m.start_write(s);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
   for (auto& s : m.slots) {
     try {
       if (s.state == Impl::SlotState::writing) m.settle(s);
@@ -320,7 +365,7 @@ at::Tensor ParameterSwap::read_whole(int64_t group) {
 const std::vector<ParameterSwap::Partition>& ParameterSwap::partitions() const { return impl_->partitions; }
 
 int64_t ParameterSwap::buffer_bytes() const {
-  int64_t n = 0;
+  int64_t n = impl_->scratch.defined() ? int64_t(impl_->scratch.numel()) : 0;
   for (const auto& s : impl_->slots) n += int64_t(s.buffer.numel());
   return n;
 }

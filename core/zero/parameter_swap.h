@@ -6,9 +6,10 @@
 // Each partition starts on a chunk of its own: chunk k of flat group g holds the partition's bytes
 // [k·C, (k+1)·C) (C: chunk_bytes, at most the largest partition's bytes rounded up to a page). read()/write() of an element range go through the chunks that cover it: a chunk
 // not in memory is read (and checked against the XXH3 of its last write), into a free buffer or the
-// least recently used one (a changed chunk there is written back first). A write that reaches a
-// chunk's end starts writing that chunk back at once (the optimizer writes partitions in order:
-// write-behind). prefetch() starts reads of a range's chunks into buffers that hold nothing
+// least recently used one (a changed chunk there is written back first). A writer that starts at a
+// chunk's beginning and goes on where it stopped reads nothing of it (the rest is read, into one
+// scratch chunk, only if something else needs the chunk first). A write that reaches a chunk's end
+// starts writing that chunk back at once (the optimizer writes partitions in order: write-behind). prefetch() starts reads of a range's chunks into buffers that hold nothing
 // changed, without waiting, so that the gathers of the next units read ahead along the prefetch
 // order. flush() writes every changed chunk and waits. One mutex guards everything: the
 // parameter-shard (gathers) and the optimizer-shard (updates) share a swap.
@@ -62,7 +63,7 @@ class ParameterSwap {
   at::Tensor read_whole(int64_t group);  // a new host tensor holding the partition
 
   const std::vector<Partition>& partitions() const;
-  int64_t buffer_bytes() const;  // host memory of the chunks' buffers
+  int64_t buffer_bytes() const;  // host memory of the chunks' buffers (and the scratch chunk, once made)
   int64_t file_bytes() const;
   const std::string& path() const;
   ParameterSwapStats stats() const;
