@@ -312,10 +312,18 @@ struct OptimizerShardState {
         auto state = store->acquire(int64_t(g), int64_t(sub));
         WeightsToDevice out{i++ % staging_slots, state.master, parameters.acquire(g, begin, end)};
         leaving.emplace_back(self->request(offload, bound(), to_device_atom::value, std::move(out)), std::make_pair(g, sub));
-        while (leaving.size() >= size_t(staging_slots) && !failure) weights_left();
+        // On NVMe the records acquired at once must leave buffers for the reads ahead (as update_offloaded).
+        while (leaving.size() >= (nvme ? size_t(1) : size_t(staging_slots)) && !failure) weights_left();
       }
     while (!leaving.empty()) weights_left();
     report.offload_wait_s += seconds_since(t0);
+    if (nvme) {
+      try {
+        nvme->flush();  // the step's records are in the file when it returns
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
     if (failure) std::rethrow_exception(failure);
   }
 
@@ -515,10 +523,10 @@ optimizer_shard_actor::behavior_type optimizer_shard(optimizer_shard_actor::stat
       [=](unpark_atom) -> Parked { return parked_reply([&] { return self->state.parked.unpark(); }); },
       [=](early_atom, const StepRequest& request) {
         auto& s = self->state;
-        if (!s.offload || s.nvme) {
+        if (!s.offload) {
           s.early = {};
           s.early.started = true;
-          s.early.error = std::make_exception_ptr(Error("optimizer-shard: updates during backward need optimizer offload to cpu"));
+          s.early.error = std::make_exception_ptr(Error("optimizer-shard: updates during backward need optimizer offload"));
           return;
         }
         s.update_during_backward(request);  // its errors are step()'s

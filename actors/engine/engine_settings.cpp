@@ -89,10 +89,8 @@ EngineSettings engine_settings(const config::Config& c) {
     // not stay in memory until step() writes the weights back.
     const auto where = (c.source.empty() ? std::string() : c.source + ": ") + "tessera.offload.optimizer_during_backward: ";
     const auto device = c.zero_optimization.offload_optimizer.device.value;
-    if (device == config::OffloadDevice::nvme)
-      not_yet(c, "tessera.offload.optimizer_during_backward", "with offload_optimizer.device = \"nvme\", updating during backward");
-    if (device != config::OffloadDevice::cpu)
-      throw ConfigError(where + "needs zero_optimization.offload_optimizer.device = \"cpu\"");
+    if (device == config::OffloadDevice::none)
+      throw ConfigError(where + "needs zero_optimization.offload_optimizer.device = \"cpu\" (or \"nvme\")");
     if (s.stage < 2)
       throw ConfigError(where + "needs ZeRO stage 2 or 3 (partitioned gradients, final bucket by bucket); stage " +
                         std::to_string(s.stage) + " reduces every gradient at the end of backward");

@@ -29,7 +29,8 @@
 // --offload-param (stage 3) adds a run with the parameter partitions in host memory too
 // (offload_param.device = "cpu", beside cpu optimizer offload); host_parameters_mb says what moved.
 // With --nvme-path as well, a run with the optimizer's states and the parameters' partitions both
-// on NVMe (offload_nvme_and_parameters; offload_param buffer_size = sub_group_size, buffer_count 5).
+// on NVMe (offload_nvme_and_parameters; offload_param buffer_size = sub_group_size, buffer_count 5);
+// --during-backward with --nvme-path, a run updating the NVMe-offloaded optimizer during backward.
 //
 // --ratio r (< 1) adds a run with partial offload (offload_optimizer.ratio = r: the first r of each
 // rank's sub-groups on the host, the rest stepped beside the parameters).
@@ -108,7 +109,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, env.world_size)));
   tessera::data::ByteCorpus corpus(tessera::data::ByteCorpus::default_paths());
 
-  enum class Placement { none, cpu, cpu_during_backward, cpu_with_parameters, cpu_partial, nvme_with_parameters, nvme };
+  enum class Placement { none, cpu, cpu_during_backward, cpu_with_parameters, cpu_partial, nvme_with_parameters, nvme_during_backward, nvme };
   auto make = [&](Placement placement) {
     Run r;
     r.name = placement == Placement::none                  ? "no_offload"
@@ -117,8 +118,10 @@ int main(int argc, char** argv) {
              : placement == Placement::cpu_with_parameters ? "offload_cpu_and_parameters"
              : placement == Placement::cpu_partial         ? "offload_cpu_partial"
              : placement == Placement::nvme_with_parameters ? "offload_nvme_and_parameters"
+             : placement == Placement::nvme_during_backward ? "offload_nvme_during_backward"
                                                            : "offload_nvme";
-    const bool nvme = placement == Placement::nvme || placement == Placement::nvme_with_parameters;
+    const bool nvme = placement == Placement::nvme || placement == Placement::nvme_with_parameters ||
+                      placement == Placement::nvme_during_backward;
     // Each NVMe run's swap files in a directory of its own: the engines live at once, and a swap
     // file is locked by the engine that made it.
     const std::string swap_dir = nvme_path + "/" + r.name;
@@ -140,7 +143,8 @@ int main(int argc, char** argv) {
     if (placement == Placement::nvme_with_parameters)
       toml += "[zero_optimization.offload_param]\ndevice = \"nvme\"\nnvme_path = \"" + swap_dir +
               "\"\nbuffer_count = 5\nbuffer_size = " + std::to_string(sub_group) + "\n";
-    if (placement == Placement::cpu_during_backward) toml += "[tessera.offload]\noptimizer_during_backward = true\n";
+    if (placement == Placement::cpu_during_backward || placement == Placement::nvme_during_backward)
+      toml += "[tessera.offload]\noptimizer_during_backward = true\n";
     if (placement == Placement::cpu_with_parameters)
       toml += "[zero_optimization.offload_param]\ndevice = \"cpu\"\npin_memory = true\n";
     r.engine = tessera::initialize(r.model->module(),
@@ -155,6 +159,7 @@ int main(int argc, char** argv) {
   if (offload_param) runs.push_back(make(Placement::cpu_with_parameters));
   if (ratio < 1.0) runs.push_back(make(Placement::cpu_partial));
   if (!nvme_path.empty() && offload_param) runs.push_back(make(Placement::nvme_with_parameters));
+  if (!nvme_path.empty() && during_backward) runs.push_back(make(Placement::nvme_during_backward));
   if (!nvme_path.empty()) runs.push_back(make(Placement::nvme));  // last: the NVMe line below reads it
   int64_t parameters = 0;
   for (const auto& p : runs[0].model->module()->parameters()) parameters += p.numel();

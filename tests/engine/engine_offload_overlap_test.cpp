@@ -2,10 +2,11 @@
 // against independent computations, run by tessera-launch at 1, 2 and 4 ranks:
 //   - the same training without offload and with offload updating in step(): every stored buffer
 //     and every loss bitwise equal, stages 2 (across ranks) and 3, fp32 and bf16 with fp32
-//     masters, gradient accumulation, sub-groups smaller than a partition;
+//     masters, gradient accumulation, sub-groups smaller than a partition, the states in host memory
+//     and on NVMe;
 //   - that the updates really ran before step(): with a pause between backward and step(), most
 //     sub-groups were final (and updated) before step() began;
-//   - refusals naming the key (clipping, fp16, nvme, no offload, stage 1, stage 2 on one rank), a
+//   - refusals naming the key (clipping, fp16, no offload, stage 1, stage 2 on one rank), a
 //     second backward in the boundary micro-step and zero_grad() after the update began;
 //   - a negative control: an overlapped run with another weight decay differs.
 #include <catch2/catch.hpp>
@@ -39,11 +40,14 @@ struct Setup {
   Offload offload = Offload::none;
   double weight_decay = 0.01;
   std::string extra;  // more top-level keys
+  std::string nvme_path;  // the optimizer's states on NVMe (else in host memory)
 };
 
 std::string config(const Setup& s) {
   std::string offload;
-  if (s.offload != Offload::none) offload += "[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n";
+  if (s.offload != Offload::none)
+    offload += s.nvme_path.empty() ? std::string("[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n")
+                                   : "[zero_optimization.offload_optimizer]\ndevice = \"nvme\"\nnvme_path = \"" + s.nvme_path + "\"\n";
   if (s.offload == Offload::during_backward) offload += "[tessera.offload]\noptimizer_during_backward = true\n";
   return offload_config(s.stage, s.extra + s.precision, s.weight_decay, offload);
 }
@@ -75,8 +79,10 @@ Trained train(Engine& engine, const Trainee& t, int steps, std::chrono::millisec
 bool overlap_runs_here(int stage) { return stage == 3 || kWorld > 1; }
 
 TEST_CASE("Updating during backward trains bit for bit as without offload and as updating in step()", "[overlap]") {
-  struct Case { int stage; const char* name; std::string precision; };
-  const std::vector<Case> cases = {{2, "fp32", ""}, {2, "bf16", kBf16}, {3, "fp32", ""}, {3, "bf16", kBf16}};
+  struct Case { int stage; const char* name; std::string precision; bool nvme; };
+  const std::vector<Case> cases = {{2, "fp32", "", false}, {2, "bf16", kBf16, false}, {3, "fp32", "", false},
+                                   {3, "bf16", kBf16, false}, {2, "bf16, states on NVMe", kBf16, true},
+                                   {3, "fp32, states on NVMe", "", true}};
   for (const auto& c : cases) {
     if (!overlap_runs_here(c.stage)) continue;  // refused (below)
     INFO("stage " << c.stage << ", " << c.name);
@@ -84,6 +90,10 @@ TEST_CASE("Updating during backward trains bit for bit as without offload and as
     Setup in_step = plain, overlapped = plain;
     in_step.offload = Offload::in_step;
     overlapped.offload = Offload::during_backward;
+    if (c.nvme) {
+      in_step.nvme_path = fresh_shared_dir(test_communicator("overlap_test"), "tessera_overlap", std::string("in_step_") + std::to_string(c.stage));
+      overlapped.nvme_path = fresh_shared_dir(test_communicator("overlap_test"), "tessera_overlap", std::string("overlapped_") + std::to_string(c.stage));
+    }
     auto a = trainee(), b = trainee(), o = trainee();
     auto e_plain = engine_for(a, plain);
     auto e_in_step = engine_for(b, in_step);
@@ -149,7 +159,7 @@ TEST_CASE("Updating during backward is refused where an update needs every gradi
     auto t = trainee();
     CHECK_THROWS_WITH(tessera::initialize(t.gpt->module(),
                                           tessera::config::load_config_text(text, tessera::config::Format::toml, "overlap_test")),
-                      Catch::Contains("needs zero_optimization.offload_optimizer.device = \"cpu\""));
+                      Catch::Contains("needs zero_optimization.offload_optimizer.device = \"cpu\" (or \"nvme\")"));
   }
   SECTION("stage 2 on one rank") {
     if (kWorld == 1) expect_refused(s, "one rank");
