@@ -286,21 +286,28 @@ struct OptimizerShardState {
   // After update_during_backward(): every sub-group's updated host master into the device's
   // parameter partition (rounded by the offload actor), up to staging_slots copies in flight.
   void write_back(const PartitionWeights& parameters, StepReport& report) {
-    // (engine_settings refuses updating during backward with the parameters on NVMe)
-    if (parameters.swapped()) throw Error("optimizer-shard: an update during backward with the parameters on NVMe");
     caf::scoped_actor self{actor_system()};
     std::exception_ptr failure;
     using Leaving = decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}));
-    std::deque<std::pair<Leaving, std::pair<size_t, size_t>>> leaving;
+    // Each copy in flight, its sub-group (acquired until the reply) and the weights it writes.
+    struct Departure { Leaving request; size_t g, sub; int64_t begin; at::Tensor target; };
+    std::deque<Departure> leaving;
     auto weights_left = [&] {
-      auto& [request, piece] = leaving.front();
-      request.receive([&](Done& d) {
-        if (d.error && !failure) failure = d.error;
+      auto& d = leaving.front();
+      bool copied = false;
+      d.request.receive([&](Done& done) {
+        if (done.error && !failure) failure = done.error;
+        copied = !done.error;
       }, [&](caf::error& e) {
         if (!failure) failure = std::make_exception_ptr(Error("optimizer-shard: the offload actor did not answer (weights to "
                                                               "the device): " + actor_system().render(e)));
       });
-      store->release(int64_t(piece.first), int64_t(piece.second));
+      try {
+        if (copied) parameters.release(d.g, d.begin, d.target);  // parameters on NVMe: into the swap
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      store->release(int64_t(d.g), int64_t(d.sub));
       leaving.pop_front();
     };
     const auto t0 = std::chrono::steady_clock::now();
@@ -310,8 +317,16 @@ struct OptimizerShardState {
         if (!on_host(g, sub)) continue;
         const auto [begin, end] = sub_groups[g][sub];
         auto state = store->acquire(int64_t(g), int64_t(sub));
-        WeightsToDevice out{i++ % staging_slots, state.master, parameters.acquire(g, begin, end)};
-        leaving.emplace_back(self->request(offload, bound(), to_device_atom::value, std::move(out)), std::make_pair(g, sub));
+        at::Tensor target;
+        try {
+          target = parameters.acquire(g, begin, end);
+        } catch (...) {
+          failure = std::current_exception();
+          store->release(int64_t(g), int64_t(sub));
+          break;
+        }
+        WeightsToDevice out{i++ % staging_slots, state.master, target};
+        leaving.push_back(Departure{self->request(offload, bound(), to_device_atom::value, std::move(out)), g, sub, begin, target});
         // On NVMe the records acquired at once must leave buffers for the reads ahead (as update_offloaded).
         while (leaving.size() >= (nvme ? size_t(1) : size_t(staging_slots)) && !failure) weights_left();
       }

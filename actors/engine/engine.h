@@ -370,8 +370,11 @@ class Engine {
   OffloadedStates reload_states();  // what came back; nothing offloaded: zeros
   bool states_offloaded() const;
   // Affine maps of the weights, fp32 master and optimizer states over the data-parallel ranks,
-  // with this rank's buffers (storage_maps.h). Call between steps.
+  // with this rank's buffers (storage_maps.h). Call between steps. With the parameters on NVMe
+  // the weight buffers are paged into host memory, lent until the next forward (or step).
   EngineStorage storage_maps() const;
+  // The weights' maps and buffers alone (what a weight sync reads): no optimizer state asked for.
+  EngineStorage weight_storage_maps() const;
   // Checkpoints (collective: every rank calls them with the same arguments; at a batch boundary,
   // between step() and the next backward). save writes DIR/<tag>/ (a file per rank and a
   // manifest) and commits it in one rename; returns the tag directory. load reads a checkpoint

@@ -113,8 +113,6 @@ EngineSettings engine_settings(const config::Config& c) {
       s.parameter_offload_buffer_count = o.buffer_count;
       s.parameter_offload_buffer_size = o.buffer_size;
       check_swap_directory(c, "zero_optimization.offload_param.nvme_path", o.nvme_path);
-      if (c.tessera.offload.optimizer_during_backward)
-        not_yet(c, "tessera.offload.optimizer_during_backward", "with offload_param.device = \"nvme\", updating during backward");
     }
   }
   if (c.tensor_parallel.autotp_size > 1) not_yet(c, "tensor_parallel.autotp_size", "tensor parallelism");

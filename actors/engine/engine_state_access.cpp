@@ -190,4 +190,12 @@ EngineStorage Engine::storage_maps() const {
   return actors::describe_storage(*s.spec, buffers, states);
 }
 
+EngineStorage Engine::weight_storage_maps() const {
+  auto& s = *impl_;
+  s.require_resident("weight_storage_maps");
+  const auto buffers = actors::checked(actors::ask<actors::Buffers>(s.parameter_shard, s.bound(), "weight_storage_maps: the parameter-shard",
+                                                                    actors::buffers_atom::value, actors::BufferContents::tensors));
+  return actors::describe_storage(*s.spec, buffers, actors::OptimizerStates{});
+}
+
 }  // namespace tessera

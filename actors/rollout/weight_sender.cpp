@@ -22,6 +22,7 @@ struct WeightSender::Impl {
   std::unique_ptr<SyncLink> link;
   EngineStorage storage;
   std::vector<std::string> buffer_of;  // per parameter, its key in storage.buffers
+  bool lent_weights = false;           // parameters on NVMe: storage.buffers' weights asked again each sync
   // When the rollout's dtype differs: a copy of each flat weight buffer in that dtype, cast by
   // LibTorch's .to() at every sync (so the bits are exactly that cast's), and sent instead.
   std::map<std::string, torch::Tensor> cast_mirrors;
@@ -41,12 +42,9 @@ struct WeightSender::Impl {
 
 WeightSender::WeightSender(Engine& engine, const nn::DecoderConfig& config, const WeightSyncOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  // The sender keeps the weight buffers' handles from here on; parameters on NVMe are paged in for
-  // storage_maps() and go back to the swap at the next gather, so those handles would go stale.
-  if (engine.config().zero_optimization.offload_param.device.value == config::OffloadDevice::nvme)
-    throw ConfigError("weight sync: zero_optimization.offload_param.device = \"nvme\" is not supported by the weight "
-                      "sync yet (use \"cpu\", or export with save_16bit_model)");
   impl_->engine = &engine;
+  // Parameters on NVMe are lent by storage_maps() only until the next gather: each sync asks again.
+  impl_->lent_weights = engine.config().zero_optimization.offload_param.device.value == config::OffloadDevice::nvme;
   impl_->link = std::make_unique<SyncLink>(options, true, engine.rank(), engine.world_size());
   auto& link = *impl_->link;
   impl_->storage = engine.storage_maps();
@@ -142,6 +140,10 @@ WeightSyncStats WeightSender::sync() {
     throw Error("weight sync: the training engine's states are offloaded (offload_states); call reload_states() "
                 "first (sync before offloading, as the GRPO job does)");
   auto& link = *impl_->link;
+  if (impl_->lent_weights) {  // the same maps and keys; this step's values, paged in from the swap
+    auto fresh = impl_->engine->weight_storage_maps();
+    for (const auto& key : impl_->buffer_of) impl_->storage.buffers.at(key) = fresh.buffers.at(key);
+  }
   WeightSyncStats stats;
   stats.plan_ms = link.plan_once();
   link.mark_start();

@@ -344,9 +344,10 @@ struct CheckpointConfig {
 
 // tessera.offload: how optimizer offload schedules its work (DeepSpeed has no key for this).
 struct TesseraOffloadConfig {
-  // Offload to cpu at stage 2 across ranks or stage 3: each sub-group is updated on the host as
-  // soon as its reduced gradients are final, while backward still runs for earlier layers; the new
-  // weights go back in step(). Needs no clipping and no fp16 (both need every gradient first).
+  // Optimizer offload (cpu or nvme) at stage 2 across ranks or stage 3: each sub-group is updated on
+  // the host as soon as its reduced gradients are final, while backward still runs for earlier
+  // layers; the new weights go back in step(). Needs no clipping and no fp16 (both need every
+  // gradient first).
   bool optimizer_during_backward = false;
   auto tie() const { return std::tie(optimizer_during_backward); }
   TESSERA_CONFIG_EQ(TesseraOffloadConfig)

@@ -3,7 +3,7 @@
 //   - the same training without offload and with offload updating in step(): every stored buffer
 //     and every loss bitwise equal, stages 2 (across ranks) and 3, fp32 and bf16 with fp32
 //     masters, gradient accumulation, sub-groups smaller than a partition, the states in host memory
-//     and on NVMe;
+//     and on NVMe, the parameters' partitions on NVMe;
 //   - that the updates really ran before step(): with a pause between backward and step(), most
 //     sub-groups were final (and updated) before step() began;
 //   - refusals naming the key (clipping, fp16, no offload, stage 1, stage 2 on one rank), a
@@ -41,6 +41,7 @@ struct Setup {
   double weight_decay = 0.01;
   std::string extra;  // more top-level keys
   std::string nvme_path;  // the optimizer's states on NVMe (else in host memory)
+  std::string parameter_nvme_path;  // stage 3: the parameters' partitions on NVMe too
 };
 
 std::string config(const Setup& s) {
@@ -48,6 +49,9 @@ std::string config(const Setup& s) {
   if (s.offload != Offload::none)
     offload += s.nvme_path.empty() ? std::string("[zero_optimization.offload_optimizer]\ndevice = \"cpu\"\n")
                                    : "[zero_optimization.offload_optimizer]\ndevice = \"nvme\"\nnvme_path = \"" + s.nvme_path + "\"\n";
+  if (!s.parameter_nvme_path.empty())
+    offload += "[zero_optimization.offload_param]\ndevice = \"nvme\"\nnvme_path = \"" + s.parameter_nvme_path +
+               "\"\nbuffer_size = 2048\nbuffer_count = 3\n";
   if (s.offload == Offload::during_backward) offload += "[tessera.offload]\noptimizer_during_backward = true\n";
   return offload_config(s.stage, s.extra + s.precision, s.weight_decay, offload);
 }
@@ -79,10 +83,13 @@ Trained train(Engine& engine, const Trainee& t, int steps, std::chrono::millisec
 bool overlap_runs_here(int stage) { return stage == 3 || kWorld > 1; }
 
 TEST_CASE("Updating during backward trains bit for bit as without offload and as updating in step()", "[overlap]") {
-  struct Case { int stage; const char* name; std::string precision; bool nvme; };
-  const std::vector<Case> cases = {{2, "fp32", "", false}, {2, "bf16", kBf16, false}, {3, "fp32", "", false},
-                                   {3, "bf16", kBf16, false}, {2, "bf16, states on NVMe", kBf16, true},
-                                   {3, "fp32, states on NVMe", "", true}};
+  enum class Nvme { none, states, states_and_parameters, parameters };
+  struct Case { int stage; const char* name; std::string precision; Nvme nvme; };
+  const std::vector<Case> cases = {{2, "fp32", "", Nvme::none}, {2, "bf16", kBf16, Nvme::none}, {3, "fp32", "", Nvme::none},
+                                   {3, "bf16", kBf16, Nvme::none}, {2, "bf16, states on NVMe", kBf16, Nvme::states},
+                                   {3, "fp32, states on NVMe", "", Nvme::states},
+                                   {3, "bf16, states and parameters on NVMe", kBf16, Nvme::states_and_parameters},
+                                   {3, "fp32, parameters on NVMe", "", Nvme::parameters}};
   for (const auto& c : cases) {
     if (!overlap_runs_here(c.stage)) continue;  // refused (below)
     INFO("stage " << c.stage << ", " << c.name);
@@ -90,10 +97,13 @@ TEST_CASE("Updating during backward trains bit for bit as without offload and as
     Setup in_step = plain, overlapped = plain;
     in_step.offload = Offload::in_step;
     overlapped.offload = Offload::during_backward;
-    if (c.nvme) {
-      in_step.nvme_path = fresh_shared_dir(test_communicator("overlap_test"), "tessera_overlap", std::string("in_step_") + std::to_string(c.stage));
-      overlapped.nvme_path = fresh_shared_dir(test_communicator("overlap_test"), "tessera_overlap", std::string("overlapped_") + std::to_string(c.stage));
-    }
+    auto dir = [&](const std::string& run) {
+      return fresh_shared_dir(test_communicator("overlap_test"), "tessera_overlap", run + "_" + std::to_string(&c - cases.data()));
+    };
+    if (c.nvme == Nvme::states || c.nvme == Nvme::states_and_parameters)
+      in_step.nvme_path = dir("in_step"), overlapped.nvme_path = dir("overlapped");
+    if (c.nvme == Nvme::parameters || c.nvme == Nvme::states_and_parameters)
+      in_step.parameter_nvme_path = dir("in_step_params"), overlapped.parameter_nvme_path = dir("overlapped_params");
     auto a = trainee(), b = trainee(), o = trainee();
     auto e_plain = engine_for(a, plain);
     auto e_in_step = engine_for(b, in_step);

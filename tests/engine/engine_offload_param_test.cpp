@@ -13,15 +13,12 @@
 //   - a gathered_parameters() write-back from one rank lands in the host or swapped partitions;
 //   - offload_states/reload_states around it, and checkpoints between a run with parameter offload
 //     and one without, continue bit for bit;
-//   - bad input: offload_param below stage 3, an nvme_path that is not a directory (named), the
-//     weight sync with parameters on NVMe (refused by name);
+//   - bad input: offload_param below stage 3, an nvme_path that is not a directory (named);
 //   - a negative control: another weight decay differs.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
 #include "actors/engine/engine.h"
-#include "actors/rollout/weight_sync.h"
-#include "core/nn/decoder_config.h"
 #include "core/config/load.h"
 #include "tests/engine/engine_test_support.h"
 #include "tests/engine/offload_test_support.h"
@@ -194,13 +191,6 @@ TEST_CASE("Parameter offload below stage 3, or to an nvme_path that is no direct
                               "nvme_path = \"/nonexistent/tessera\"\n";
   CHECK_THROWS_WITH(init(missing), Catch::Contains("zero_optimization.offload_param.nvme_path = \"/nonexistent/tessera\"") &&
                                        Catch::Contains("No such file or directory"));
-  // The weight sync keeps handles of the weight buffers, which parameters on NVMe only lend: refused by name.
-  Setup swapped{"", ParameterHome::nvme};
-  swapped.nvme_path = fresh_dir("sync");
-  auto u = trainee();
-  auto engine = engine_for(u, swapped);
-  CHECK_THROWS_WITH(tessera::WeightSender(*engine, tessera::nn::DecoderConfig{}, tessera::WeightSyncOptions{}),
-                    Catch::Contains("weight sync: zero_optimization.offload_param.device = \"nvme\" is not supported"));
 }
 
 TEST_CASE("Negative control: a parameter-offloaded run with another weight decay differs", "[offload_param]") {

@@ -66,8 +66,14 @@ void train(const std::string& family, int stage, const std::string& session, int
   o.seed = 31;
   nn::DecoderLm model(config, o);
   nn::testing::randomize_norms_and_biases(model.module(), 32);
-  auto engine =
-      initialize(model.module(), config::load_config_text(testing::sync_test_engine_toml(stage), config::Format::toml, "sync_test")).engine;
+  std::string swap_dir;  // "param_nvme": the parameters' partitions on NVMe
+  if (session.find("param_nvme") != std::string::npos) {
+    swap_dir = (fs::temp_directory_path() / ("tessera_sync_swap_" + env("MASTER_PORT") + "_" + session)).string();
+    fs::create_directories(swap_dir);
+  }
+  auto engine = initialize(model.module(), config::load_config_text(testing::sync_test_engine_toml(stage, swap_dir),
+                                                                    config::Format::toml, "sync_test"))
+                    .engine;
   // "local": training rank r on node r, rollout rank t on node (t + 1) % 2 (named, as on real
   // nodes; crossed, so that the lowest or a balanced choice would differ).
   const bool local = session.find("local") != std::string::npos;
@@ -198,6 +204,9 @@ TEST_CASE("Training at DP 2 (stages 1, 2, 3) syncs into a rollout TP group bit f
   else receive("llama", "llama_stream_stage2");
   if (kTraining) train("qwen2", 3, "qwen2_stream_stage3");
   else receive("qwen2", "qwen2_stream_stage3");
+  // Stage 3 with the parameters on NVMe: each sync pages this step's partitions in (full, then delta).
+  if (kTraining) train("llama", 3, "llama_param_nvme_delta", 3);
+  else receive("llama", "llama_param_nvme_delta", at::kFloat, 3);
   // Replicas read on the rollout rank's node.
   if (kTraining) train("llama", 2, "llama_local");
   else receive("llama", "llama_local");
@@ -275,5 +284,8 @@ TEST_CASE("Training at DP 2 (stages 1, 2, 3) syncs into a rollout TP group bit f
     for (const char* session : {"llama_stream_stage2", "qwen2_stream_stage3"})
       for (int round : {0, 1}) fs::remove_all(oracle_dir(session, round));
     for (int round : {0, 1}) fs::remove_all(oracle_dir("llama_local", round));
+    for (int round : {0, 1, 2}) fs::remove_all(oracle_dir("llama_param_nvme_delta", round));
   }
+  if (kTraining && kEnv.rank == 0)  // its engine is gone: the swap files with it
+    fs::remove_all(fs::temp_directory_path() / ("tessera_sync_swap_" + env("MASTER_PORT") + "_llama_param_nvme_delta"));
 }
