@@ -417,8 +417,12 @@ parameter_shard_actor::behavior_type stage3_shard(parameter_shard_actor::statefu
       [=](buffers_atom, BufferContents contents) -> Buffers {
         Buffers out;
         auto& st = self->state;
-        if (contents == BufferContents::tensors)
-          for (size_t g = 0; g < st.plan().groups().size(); ++g) out.tensors.push_back(st.params->weight_buffer(int64_t(g)));
+        try {  // parameters on NVMe: paged in from the swap, whose reads can fail
+          if (contents == BufferContents::tensors)
+            for (size_t g = 0; g < st.plan().groups().size(); ++g) out.tensors.push_back(st.params->weight_buffer(int64_t(g)));
+        } catch (...) {
+          out.error = std::current_exception();
+        }
         out.weight_bytes = st.params->resident_weight_bytes();
         if (const auto* swap = st.params->swap()) out.swap_buffer_bytes = swap->buffer_bytes(), out.swap_file_bytes = swap->file_bytes();
         out.gathered_bytes = st.params->gathered_bytes();

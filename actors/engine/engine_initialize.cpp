@@ -188,7 +188,7 @@ std::shared_ptr<actors::EngineSpec> engine_spec(const actors::EngineSettings& se
     auto& swap = spec->parameter_swap;
     swap.path = settings.parameter_offload_nvme_path + "/tessera_parameters_rank" + std::to_string(rank) + ".swap";
     swap.chunk_bytes = settings.parameter_offload_buffer_size * int64_t(c10::elementSize(dtype));
-    swap.buffers = std::max<int64_t>(2, settings.parameter_offload_buffer_count);
+    swap.buffers = settings.parameter_offload_buffer_count;  // >= 2 (engine_settings)
     swap.aio = settings.aio;
     swap.aio.timeout = spec->timeout;
   }

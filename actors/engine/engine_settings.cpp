@@ -113,6 +113,12 @@ EngineSettings engine_settings(const config::Config& c) {
       s.parameter_offload_buffer_count = o.buffer_count;
       s.parameter_offload_buffer_size = o.buffer_size;
       check_swap_directory(c, "zero_optimization.offload_param.nvme_path", o.nvme_path);
+      const auto where = (c.source.empty() ? std::string() : c.source + ": ") + "zero_optimization.offload_param.";
+      if (o.buffer_count < 2)  // one chunk in use, one being written back or read ahead
+        throw ConfigError(where + "buffer_count = " + std::to_string(o.buffer_count) +
+                          ": parameters on NVMe need at least 2 buffers");
+      if (o.buffer_size < 1)
+        throw ConfigError(where + "buffer_size = " + std::to_string(o.buffer_size) + ": expected at least 1 element");
     }
   }
   if (c.tensor_parallel.autotp_size > 1) not_yet(c, "tensor_parallel.autotp_size", "tensor parallelism");

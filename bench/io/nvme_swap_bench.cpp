@@ -20,16 +20,14 @@
 #include <vector>
 
 #include "bench/common/direct_io.h"
+#include "bench/common/median.h"
 #include "bench/common/process_memory.h"
 #include "core/elapsed.h"
 #include "core/optim/nvme_state_store.h"
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
-}
+using tessera::bench::median;
 
 }  // namespace
 

@@ -19,16 +19,14 @@
 #include <vector>
 
 #include "bench/common/direct_io.h"
+#include "bench/common/median.h"
 #include "bench/common/process_memory.h"
 #include "core/elapsed.h"
 #include "core/zero/parameter_swap.h"
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
-}
+using tessera::bench::median;
 
 }  // namespace
 

@@ -24,6 +24,7 @@
 
 #include "actors/actor_runtime.h"
 #include "actors/engine/engine.h"
+#include "bench/common/median.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/nn/mlp.h"
@@ -41,10 +42,7 @@ double cpu_seconds() {
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
-}
+using tessera::bench::median;
 
 // The model under test: the MLP, or TinyGpt on the byte corpus (--model gpt).
 struct Model {

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "actors/engine/engine.h"
+#include "bench/common/median.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/elapsed.h"
@@ -27,10 +28,7 @@
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
-}
+using tessera::bench::median;
 
 }  // namespace
 

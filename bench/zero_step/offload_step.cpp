@@ -51,6 +51,7 @@
 
 #include "actors/engine/engine.h"
 #include "bench/common/direct_io.h"
+#include "bench/common/median.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/elapsed.h"
@@ -59,10 +60,7 @@
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
-}
+using tessera::bench::median;
 
 struct Run {
   std::string name;

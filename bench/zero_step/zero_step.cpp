@@ -66,6 +66,7 @@
 
 #include "actors/engine/engine.h"
 #include "bench/common/counting_allocator.h"
+#include "bench/common/median.h"
 #include "core/config/load.h"
 #include "core/data/byte_corpus.h"
 #include "core/elapsed.h"
@@ -94,11 +95,7 @@ void settle() {
 
 // ---- measurement ----------------------------------------------------------------------------
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
-}
+using tessera::bench::median;
 
 double min_of(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
 

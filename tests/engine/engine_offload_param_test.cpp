@@ -177,7 +177,7 @@ TEST_CASE("offload_states/reload_states and checkpoints with parameter offload, 
   }
 }
 
-TEST_CASE("Parameter offload below stage 3, or to an nvme_path that is no directory, is refused by name", "[offload_param]") {
+TEST_CASE("Parameter offload below stage 3, to an nvme_path that is no directory or with one buffer, is refused by name", "[offload_param]") {
   auto t = trainee();
   auto init = [&](const std::string& text) {
     return tessera::initialize(t.gpt->module(),
@@ -191,6 +191,11 @@ TEST_CASE("Parameter offload below stage 3, or to an nvme_path that is no direct
                               "nvme_path = \"/nonexistent/tessera\"\n";
   CHECK_THROWS_WITH(init(missing), Catch::Contains("zero_optimization.offload_param.nvme_path = \"/nonexistent/tessera\"") &&
                                        Catch::Contains("No such file or directory"));
+  const std::string one_buffer = "train_micro_batch_size_per_gpu = 2\n[optimizer]\ntype = \"AdamW\"\n"
+                                 "[zero_optimization]\nstage = 3\n[zero_optimization.offload_param]\ndevice = \"nvme\"\n"
+                                 "nvme_path = \"" + fresh_dir("one_buffer") + "\"\nbuffer_count = 1\n";
+  CHECK_THROWS_WITH(init(one_buffer), Catch::Contains("zero_optimization.offload_param.buffer_count = 1: parameters on NVMe "
+                                                      "need at least 2 buffers"));
 }
 
 TEST_CASE("Negative control: a parameter-offloaded run with another weight decay differs", "[offload_param]") {
