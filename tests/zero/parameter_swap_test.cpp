@@ -5,7 +5,8 @@
 // larger (RSS measured); read-ahead serves the next reads; concurrent readers and writers of other
 // groups (the parameter- and optimizer-shard) stay exact; a swap file changed or truncated behind
 // its back and bad ranges or tensors are OffloadErrors naming the path and flat group; a negative
-// control (one element written to the swap only) is seen by the comparison.
+// control (one element written to the swap only) is seen by the comparison; a disk too small for
+// the partitions is refused when the swap is made (zero.swap.full_disk, on a 1 MiB tmpfs).
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -288,4 +290,20 @@ TEST_CASE("Bad ranges, tensors and buffer counts are refused by name before anyt
   ParameterSwapOptions one;
   one.path = swap_path("one"), one.buffers = 1;
   CHECK_THROWS_WITH(ParameterSwap({{torch::kFloat, 10}}, one), Catch::Contains("at least 2 buffers (buffer_count), got 1"));
+}
+
+// Run by tests/io/full_disk.py inside a private mount namespace whose TESSERA_FULL_DIR is a 1 MiB tmpfs.
+TEST_CASE("Partitions larger than the disk are refused when the swap is made, nothing left behind", "[.full_disk]") {
+  const char* dir = std::getenv("TESSERA_FULL_DIR");
+  REQUIRE(dir);
+  ParameterSwapOptions options;
+  options.path = std::string(dir) + "/parameters.swap";
+  try {
+    ParameterSwap swap({{torch::kBFloat16, 4 << 20}}, options);  // 8 MiB of partition
+    FAIL("an 8 MiB partition fitted on a 1 MiB disk");
+  } catch (const tessera::OffloadError& e) {
+    CHECK_THAT(e.what(), Catch::Contains(options.path) && Catch::Contains("cannot reserve 8388608 bytes") &&
+                             Catch::Contains("No space left on device"));
+  }
+  CHECK_FALSE(fs::exists(options.path));
 }
