@@ -69,13 +69,15 @@ std::string run_save_job(const SaveJob& job, transport::Communicator* comm) {
     if (job.at_point_for_testing) job.at_point_for_testing(point);
   };
   // Every rank writes its file.
-  std::string entry, error;
+  std::string entry, error = job.failed_before_writing;
   try {
-    fs::create_directories(job.partial);
-    const auto path = (fs::path(job.partial) / ("rank" + std::to_string(job.rank) + ".safetensors")).string();
-    const auto file = write_rank_file(path, job.rank, job.tensors);
-    entry = json{{"file", json::parse(checkpoint::to_json(file))}, {"aliases", aliases_json(job.aliases)}}.dump();
-    reached(SavePoint::rank_file_written);
+    if (error.empty()) {
+      fs::create_directories(job.partial);
+      const auto path = (fs::path(job.partial) / ("rank" + std::to_string(job.rank) + ".safetensors")).string();
+      const auto file = write_rank_file(path, job.rank, job.tensors);
+      entry = json{{"file", json::parse(checkpoint::to_json(file))}, {"aliases", aliases_json(job.aliases)}}.dump();
+      reached(SavePoint::rank_file_written);
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }

@@ -1,7 +1,7 @@
 // One save's work after the ranks agreed on it (engine_checkpoint_save.cpp prepares it on the
 // user's thread): write this rank's file, exchange the entries, rank 0 writes the manifest and
-// commits, every rank learns the verdict. Run inline (a synchronous save) or on the checkpoint
-// writer's thread (an asynchronous one), where it is the only user of the control communicator.
+// commits, every rank learns the verdict. Run inline over the engine's control communicator (a
+// synchronous save) or by the checkpoint writer over its own (an asynchronous one).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +36,9 @@ struct SaveJob {
   std::function<void(SavePoint)> at_point_for_testing;
   // Rank 0: removes a replaced tag off the committing thread (nullptr: at once).
   std::shared_ptr<checkpoint::BackgroundRemoval> removal;
+  // Why this rank has nothing to write (an asynchronous snapshot that failed): it takes part in
+  // the exchange with this error, so that every rank fails the save alike.
+  std::string failed_before_writing;
 };
 
 // Returns the committed tag directory; CheckpointError (the same on every rank) otherwise, with

@@ -158,6 +158,7 @@ void Engine::step() {
   }
   if (!s.micro->begin_step(s.scaler.has_value())) return;
   if (s.stage3) s.stage3->release_all();  // a unit kept gathered would not see the update
+  const double snapshot_wait_s = s.wait_for_snapshot();  // an asynchronous save copies what the update changes
   actors::StepRequest request;
   request.hyperparameters = s.hyperparameters();
   request.max_grad_norm = s.settings.max_grad_norm;
@@ -188,6 +189,7 @@ void Engine::step() {
     for (const auto& hp : request.hyperparameters) s.last_lrs.push_back(hp.lr);
   }
   s.timing = StepTiming{report.reduction_wait_s, report.update_s, report.gather_s, report.offload_wait_s, report.offload_copy_s};
+  s.timing.checkpoint_snapshot_wait_s = snapshot_wait_s;
   const auto& w = report.swap;
   s.timing.swap = {w.bytes_read, w.bytes_written, w.prefetched, w.waited_reads, w.read_wait_s, w.write_wait_s};
   s.timing.updated_before_step = report.final_before_step;

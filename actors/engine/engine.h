@@ -90,6 +90,9 @@ struct StepTiming {
   double gather_s = 0;          // all-gather of the updated partitions
   double offload_wait_s = 0;    // optimizer offload: waiting for device<->host copies not hidden by updates
   double offload_copy_s = 0;    // optimizer offload: the gradients' device->host copies, hidden or not
+  // Waiting for an asynchronous save's snapshot of the buffers this update changes (what the
+  // forward and backward since the save did not hide).
+  double checkpoint_snapshot_wait_s = 0;
   // Optimizer offload to NVMe: the swap file's traffic this step, and what updates did not hide.
   struct Swap {
     int64_t bytes_read = 0, bytes_written = 0;
@@ -173,14 +176,16 @@ struct Stage3Stats {
 
 // The points of a save a test may stop at (kill -9 there must leave the last checkpoint intact).
 enum class SavePoint : uint8_t {
+  snapshot_begins,    // an asynchronous save, every rank: the writer, before it copies the buffers
   rank_file_written,  // every rank, its file synced in the partial directory
   manifest_written,   // rank 0, the manifest synced, before the directory's rename
   committed,          // rank 0, the tag renamed into place, before `latest`
   latest_written,     // rank 0, `latest` replaced
 };
 
-// Whether save_checkpoint returns once the checkpoint is committed or once this rank's state is
-// snapshotted (the writer thread writes and commits while training goes on).
+// Whether save_checkpoint returns once the checkpoint is committed or at once, the checkpoint
+// writer snapshotting this rank's state while the next forward and backward run, then writing and
+// committing while training goes on (whatever changes the state first waits for the snapshot).
 enum class SaveMode : uint8_t {
   configured,    // [tessera.checkpoint] async_save decides
   synchronous,

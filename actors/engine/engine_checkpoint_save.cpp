@@ -1,8 +1,10 @@
 // Engine::save_checkpoint, on the user's thread: checks, agreement on the tag and the partial
 // directory (rank 0's nonce), and a SaveJob (checkpoint_save_job.h) holding what this rank writes:
-// views of its buffers, run at once (synchronous), or copies in the writer's staging area, run on
-// its thread while training goes on (asynchronous). A save, a load and the engine's destruction
-// wait for the asynchronous save in flight.
+// views of its buffers, run at once (synchronous), or sent with those views to the checkpoint
+// writer (asynchronous; checkpoint_writer.h), which snapshots them into its staging area while the
+// next forward and backward run, then writes and commits. A save, a load and the engine's
+// destruction wait for the asynchronous save in flight; whatever changes stored state waits for
+// its snapshot (Engine::Impl::wait_for_snapshot).
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -72,7 +74,7 @@ struct AgreedSave {
 };
 
 AgreedSave agree_on_partial(transport::Communicator* comm, int rank, const std::string& dir, const std::string& tag,
-                            config::TagValidation validation, const checkpoint::BackgroundRemoval& removal) {
+                            bool async, config::TagValidation validation, const checkpoint::BackgroundRemoval& removal) {
   std::string error;
   if (rank == 0) {
     try {
@@ -82,7 +84,8 @@ AgreedSave agree_on_partial(transport::Communicator* comm, int rank, const std::
       error = e.what();
     }
   }
-  const auto hello = all_gather_strings(comm, json{{"tag", tag}, {"nonce", nonce()}, {"error", error}}.dump());
+  const auto hello =
+      all_gather_strings(comm, json{{"tag", tag}, {"nonce", nonce()}, {"async", async}, {"error", error}}.dump());
   const auto first = json::parse(hello[0]);
   const std::string agreed = first["tag"].get<std::string>();
   std::vector<std::string> errors;
@@ -91,6 +94,10 @@ AgreedSave agree_on_partial(transport::Communicator* comm, int rank, const std::
   for (size_t r = 0; r < hello.size(); ++r) {
     const auto h = json::parse(hello[r]);
     errors.push_back(h["error"].get<std::string>());
+    if (h["async"] != first["async"] && errors.back().empty())  // the writer's collectives need every rank
+      errors.back() = "rank " + std::to_string(r) + " saves " + (h["async"].get<bool>() ? "asynchronously" : "synchronously") +
+                      ", rank 0 " + (first["async"].get<bool>() ? "asynchronously" : "synchronously") +
+                      " (SaveMode, or [tessera.checkpoint] async_save, must agree)";
     if (h["tag"] == agreed) continue;
     differ = true;
     tags += ", rank " + std::to_string(r) + " '" + h["tag"].get<std::string>() + "'";
@@ -121,7 +128,7 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
   auto* comm = s.control_comm();
 
   const auto agreed =
-      agree_on_partial(comm, s.spec->rank, dir, requested, s.config.checkpoint.tag_validation, *s.removal);
+      agree_on_partial(comm, s.spec->rank, dir, requested, async, s.config.checkpoint.tag_validation, *s.removal);
   const std::string& tag = agreed.tag;
   SaveJob job;
   job.dir = dir, job.tag = tag, job.rank = s.spec->rank, job.world = s.spec->world;
@@ -134,13 +141,24 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
   job.maps = engine_maps(storage);
   job.aliases = find_aliases(storage);
   const checkpoint::SaveLayout layout(job.maps, job.world);
-  if (async && !s.writer) s.writer = std::make_unique<CheckpointWriter>();
+  if (async && !s.writer) s.writer = std::make_unique<CheckpointWriter>(s.new_communicator(".ckptw"));
+  std::vector<SnapshotSource> sources;  // asynchronous: what the writer copies, and what must not change meanwhile
+  std::vector<WatchedTensor> watched;
+  auto add = [&](const std::string& key, const at::Tensor& view) {
+    if (!async) return job.tensors.push_back({key, view});
+    sources.push_back({key, view});
+    watched.push_back(WatchedTensor::of("buffer '" + key + "'", view));
+  };
+  // Below ZeRO-3 the module's parameters are views of the weight buffers with counters of their own
+  // (at ZeRO-3 they are gathered copies: changes to them reach nothing saved).
+  if (async && !s.stage3)
+    for (const auto& item : s.module->named_parameters())
+      watched.push_back(WatchedTensor::of("parameter '" + item.key() + "'", item.value()));
   for (const auto& [key, t] : storage.buffers) {
     if (!t.defined()) continue;
     const auto range = layout.written_range(job.rank, key, t.numel(), job.aliases);
     if (!range) continue;
-    auto view = t.reshape({t.numel()}).narrow(0, range->first, range->second - range->first);
-    job.tensors.push_back({key, async ? s.writer->stage(key, view) : view});
+    add(key, t.reshape({t.numel()}).narrow(0, range->first, range->second - range->first));
   }
   // Frozen parameters, whole, in rank 0's file (every rank holds them alike).
   auto& m = job.manifest;
@@ -150,8 +168,7 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
     const std::string key = "frozen/" + std::to_string(i);
     m.frozen.push_back({name, affine_dtype(p.scalar_type()), affine::Dims(p.sizes().vec()), 0, key});
     if (job.rank != 0) continue;
-    const auto flat = p.detach().contiguous().reshape({p.numel()});
-    job.tensors.push_back({key, async ? s.writer->stage(key, flat) : flat});
+    add(key, p.detach().contiguous().reshape({p.numel()}));
   }
   // What rank 0's manifest says besides the files and their maps.
   m.tag = tag, m.world_size = job.world, m.stage = int(s.settings.stage);
@@ -172,7 +189,11 @@ std::string Engine::save_checkpoint(const std::string& dir, const CheckpointSave
 
   const auto path = (fs::path(dir) / tag).string();
   if (!async) return run_save_job(job, comm);
-  s.writer->submit([job = std::move(job), comm] { run_save_job(job, comm); });
+  s.writer->submit(std::move(job), std::move(sources), std::move(watched));
+  // With parameters or optimizer states on NVMe, storage_maps() paged them in and lent them until
+  // the next gather or step, which may reuse those buffers: the snapshot is taken now.
+  if (s.spec->weight_home == zero::WeightHome::nvme || s.spec->optimizer_offload.placement == actors::StatePlacement::nvme)
+    s.writer->wait_for_snapshot();
   return path;
 }
 
@@ -180,20 +201,29 @@ void Engine::wait_for_checkpoint() {
   if (impl_->writer) impl_->writer->wait();
 }
 
-int64_t Engine::checkpoint_staging_bytes() const { return impl_->writer ? impl_->writer->staging_bytes() : 0; }
+int64_t Engine::checkpoint_staging_bytes() const {
+  if (!impl_->writer) return 0;
+  impl_->writer->wait_for_snapshot();  // the staging area is (re)sized by the snapshot
+  return impl_->writer->staging_bytes();
+}
 
-transport::Communicator* Engine::Impl::control_comm() {
-  if (control || spec->world == 1) return control.get();
+double Engine::Impl::wait_for_snapshot() const { return writer ? writer->wait_for_snapshot() : 0; }
+
+std::shared_ptr<transport::Communicator> Engine::Impl::new_communicator(const std::string& suffix) {
+  if (spec->world == 1) return nullptr;
   if (world) {
     std::vector<int> all(size_t(world->size()));
     for (int r = 0; r < world->size(); ++r) all[size_t(r)] = r;
-    control = world->group(all, comm_name + ".ckpt");
-  } else {
-    transport::CommunicatorOptions options;
-    options.timeout = spec->timeout;
-    options.name = comm_name + ".ckpt";
-    control = transport::Communicator::gloo(actors::job_store(), spec->rank, spec->world, options);
+    return world->group(all, comm_name + suffix);
   }
+  transport::CommunicatorOptions options;
+  options.timeout = spec->timeout;
+  options.name = comm_name + suffix;
+  return transport::Communicator::gloo(actors::job_store(), spec->rank, spec->world, options);
+}
+
+transport::Communicator* Engine::Impl::control_comm() {
+  if (!control) control = new_communicator(".ckpt");
   return control.get();
 }
 

@@ -64,7 +64,12 @@ struct Engine::Impl {
   std::string comm_name;
   std::shared_ptr<transport::Communicator> control;
   transport::Communicator* control_comm();  // nullptr on one rank
+  // Another communicator over the same ranks, named comm_name + suffix (collective; nullptr on one rank).
+  std::shared_ptr<transport::Communicator> new_communicator(const std::string& suffix);
   std::unique_ptr<CheckpointWriter> writer;  // asynchronous saves (made at the first)
+  // Before anything that changes stored state (weights, masters, optimizer states): waits until
+  // the asynchronous save in flight has snapshotted them. Returns the wait in seconds.
+  double wait_for_snapshot() const;
   // Rank 0: removes a replaced checkpoint tag or exported files off the user's and writer's threads
   // (freeing a large file's blocks takes a while); a save waits for it before clearing leftovers.
   std::shared_ptr<checkpoint::BackgroundRemoval> removal = std::make_shared<checkpoint::BackgroundRemoval>();
@@ -139,6 +144,7 @@ struct Engine::Impl {
     if (unit_staging) unit_staging->start();
     caf::anon_send(reducer, actors::begin_atom::value);
     if (early) {  // after begin: the reducer's mailbox holds it before any next_final can arrive
+      wait_for_snapshot();  // the update changes masters and states an asynchronous save may still copy
       actors::StepRequest request;
       request.hyperparameters = hyperparameters();
       caf::anon_send(optimizer_shard, actors::early_atom::value, std::move(request));
@@ -175,7 +181,7 @@ struct Engine::Impl {
     caf::anon_send(reducer, actors::flush_atom::value);
   }
   ~Impl() {
-    writer.reset();  // an asynchronous save in flight finishes first (it uses the control communicator)
+    writer.reset();  // an asynchronous save in flight finishes first (it reads the engine's buffers)
     hooks.reset();  // disarm before the actors go
     if (stage3) zero::unregister_units(stage3.get());
     stop_actors();

@@ -54,7 +54,10 @@ Engine::Scope Engine::gathered_parameters(const std::vector<std::string>& names,
   auto* s = impl_.get();
   s->rethrow_pending();
   s->require_resident("gathered_parameters");
-  if (modifier_rank >= 0) s->refuse_during_update("gathered_parameters (with a modifier rank)");
+  if (modifier_rank >= 0) {
+    s->refuse_during_update("gathered_parameters (with a modifier rank)");
+    s->wait_for_snapshot();  // the modifier changes weights an asynchronous save may still copy
+  }
   if (modifier_rank >= s->spec->world || modifier_rank < -1)
     throw Error("gathered_parameters: modifier rank " + std::to_string(modifier_rank) + " outside [0, " +
                 std::to_string(s->spec->world) + ")");

@@ -8,8 +8,13 @@
 //   raw_read   that raw file read sequentially after dropping its pages (posix_fadvise DONTNEED on
 //              clean, synced pages: the disk is measured, not memory)
 //   load       Engine::load_checkpoint at the same layout after dropping the checkpoint's pages
-//   async_save_blocked  an asynchronous save: the time save_checkpoint blocks training (the
-//              snapshot into the writer's staging area); ratio_to_raw here = synchronous save / this
+//   async_save_blocked  an asynchronous save followed by one training step (forward, backward and
+//              step() on --batch rows): the time training is blocked, i.e. save_checkpoint's own time
+//              plus the step's wait for the writer's snapshot (what forward and backward did not
+//              hide); ratio_to_raw here = synchronous save / this
+//   step_beside_async_save  that training step's time; ratio_to_raw = a step without a save in
+//              flight (the same round) / this: what the writer's copy and writes cost the step
+//              beside it (on a 2-core machine they share the cores and memory bandwidth)
 //   async_save_total    until the asynchronous save is committed
 //   load_other load into an engine at --other-stage (another layout), pages dropped likewise
 // One JSON line each with seconds, MiB/s and ratio_to_raw (raw seconds / seconds; 1.0 = as fast as
@@ -236,6 +241,8 @@ int main(int argc, char** argv) {
   app.add_option("--stage", stage, "ZeRO stage saved at")->check(CLI::Range(0, 3));
   app.add_option("--other-stage", other_stage, "ZeRO stage of the other layout loaded into")->check(CLI::Range(0, 3));
   app.add_option("--repeats", repeats, "rounds (medians reported)");
+  int64_t batch = 4;
+  app.add_option("--batch", batch, "rows of the training steps");
   app.add_option("--dir", dir, "where checkpoints and the raw files go (a real disk)");
   app.add_option("--consolidate", consolidate_with, "path of the tessera executable: measure consolidation only");
   bool export_only = false;
@@ -247,13 +254,13 @@ int main(int argc, char** argv) {
   const int64_t layers = std::max<int64_t>(1, (mib << 20) / (width * width * 4));
   auto model = mlp(width, layers);
   auto engine = tessera::initialize(model.ptr(), tessera::config::load_config_text(toml(stage), tessera::config::Format::toml, "bench")).engine;
-  auto x = torch::randn({4, width});
+  auto x = torch::randn({batch, width});
   engine->backward(model->forward(x).pow(2).mean());
   engine->step();
   const std::string root = dir + "/" + env.job;
   if (env.rank == 0) fs::remove_all(root);
   fs::create_directories(root);
-  std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s, blocked_s, async_total_s;
+  std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s, blocked_s, async_total_s, step_s, step_beside_s;
   int64_t load_read = 0, other_read = 0;  // bytes the last load of each kind read
   int64_t file_bytes = 0;
   const std::string raw_path = root + "/raw_rank" + std::to_string(env.rank);
@@ -272,6 +279,7 @@ int main(int argc, char** argv) {
   }
   if (rss_saves > 0) {
     rss_over_saves(*engine, root, rss_saves, env.rank);
+    engine.reset();  // its removal of replaced tags (in the background) ends first
     if (env.rank == 0) fs::remove_all(root);
     return 0;
   }
@@ -293,12 +301,21 @@ int main(int argc, char** argv) {
     if (i % 2) raw(), save();
     else save(), raw();
     if (i > 0) fs::remove(raw_path + "." + std::to_string(i - 1));
-    {  // asynchronous: the time training is blocked (snapshot into the reused staging area)
+    {  // asynchronous: the time training is blocked (the call, and the next step's wait for the snapshot)
+      auto train_step = [&] {
+        const auto t = Clock::now();
+        engine->backward(model->forward(x).pow(2).mean());
+        engine->step();
+        return since(t);
+      };
+      step_s.push_back(train_step());
       tessera::CheckpointSaveOptions async{"bench"};
       async.mode = tessera::SaveMode::asynchronous;
       const auto t = Clock::now();
       engine->save_checkpoint(root, async);
-      blocked_s.push_back(since(t));
+      const double call_s = since(t);
+      step_beside_s.push_back(train_step());
+      blocked_s.push_back(call_s + engine->last_step_timing().checkpoint_snapshot_wait_s);
       engine->wait_for_checkpoint();
       async_total_s.push_back(since(t));
     }
@@ -339,9 +356,11 @@ int main(int argc, char** argv) {
   line("save", best_save, best_raw_w);
   line("async_save_blocked", median(blocked_s), best_save);  // ratio: sync save seconds / blocked seconds
   line("async_save_total", median(async_total_s), best_raw_w);
+  line("step_beside_async_save", median(step_beside_s), median(step_s));
   line("raw_read", best_raw_r, best_raw_r, file_bytes);
   line("load", best_load, best_raw_r, load_read);
   line("load_other_layout", best_other, best_load, other_read);  // ratio: same-layout load seconds / other-layout seconds
+  engine.reset(), other.reset();  // their removals of replaced tags (in the background) end first
   if (env.rank == 0) fs::remove_all(root);
   return 0;
 }

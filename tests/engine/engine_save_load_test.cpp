@@ -29,6 +29,7 @@
 #include "core/io/safetensors.h"
 #include "core/nn/tiny_gpt.h"
 #include "tests/engine/engine_test_support.h"
+#include "tests/engine/save_load_support.h"
 #include "tests/engine/storage_snapshot.h"
 #include "tests/engine/test_communicator.h"
 #include "transport/communicator.h"
@@ -37,199 +38,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using namespace tessera::engine_testing;
-using tessera::CheckpointError;
-using tessera::Engine;
-
-constexpr int kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
-
-tessera::transport::Communicator& test_comm() { return test_communicator("save_load_test"); }
-void barrier() {
-  if (kWorld > 1) test_comm().barrier()->wait();
-}
-
-// A directory every rank of this launch names alike, emptied by rank 0 (before a collective call).
-std::string fresh_dir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("tessera_save_load_" + env_string("TESSERA_JOB", "solo") + "_" + name);
-  if (kRank == 0) fs::remove_all(dir);
-  barrier();
-  return dir.string();
-}
-
-// A model and its loss.
-struct Trainee {
-  std::shared_ptr<torch::nn::Module> module;
-  std::function<torch::Tensor(int step, int micro)> loss;
-};
-
-// fp16 matrix kernels do not exist on CPU in LibTorch 1.13: fp16 weights, fp32 compute.
-struct UpcastMlp : torch::nn::Module {
-  UpcastMlp() {
-    torch::manual_seed(5);
-    w1 = register_parameter("w1", torch::randn({16, 8}) * 0.3);
-    b1 = register_parameter("b1", torch::zeros({16}));
-    w2 = register_parameter("w2", torch::randn({1, 16}) * 0.3);
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::tanh(torch::nn::functional::linear(x, w1.to(torch::kFloat), b1.to(torch::kFloat)));
-    return torch::nn::functional::linear(h, w2.to(torch::kFloat));
-  }
-  torch::Tensor w1, b1, w2;
-};
-
-Trainee gpt(uint64_t seed = 77) {
-  tessera::nn::GptConfig c;
-  c.d_model = 32, c.n_layer = 2, c.n_head = 2, c.context = 16, c.seed = seed;
-  auto model = std::make_shared<tessera::nn::TinyGpt>(c);
-  return {model->module(), [model](int step, int micro) {
-            auto batch = corpus().batch(3, step, micro, kGlobalBatch, 16, kRank, kWorld);
-            return model->loss(batch.tokens, batch.targets);
-          }};
-}
-
-// Step 1 overflows on rank 0 in fp16: skipped on every rank.
-Trainee mlp() {
-  auto model = std::make_shared<UpcastMlp>();
-  return {model, [model](int step, int micro) {
-            auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * step + 10 * micro + kRank);
-            auto x = at::randn({8, 8}, gen);
-            auto loss = (model->forward(x) - torch::sin(x.sum(1, true))).pow(2).mean();
-            return step == 1 && kRank == 0 ? loss * 1e30 : loss;
-          }};
-}
-
-std::string config(int stage, const std::string& precision) {
-  return "train_micro_batch_size_per_gpu = " + std::to_string(kGlobalBatch / kWorld) +
-         "\ngradient_accumulation_steps = 2\n" + precision +
-         "[optimizer]\ntype = \"AdamW\"\n[optimizer.params]\nlr = 3e-3\nweight_decay = 0.01\n"
-         "[scheduler]\ntype = \"WarmupLR\"\n[scheduler.params]\nwarmup_min_lr = 0\nwarmup_max_lr = 3e-3\nwarmup_num_steps = 4\n"
-         "[zero_optimization]\nstage = " + std::to_string(stage) +
-         "\nreduce_bucket_size = 3000\nstage3_param_persistence_threshold = 100\n"
-         "[tessera.transport]\ncollective_timeout_ms = 60000\n";
-}
-
-std::shared_ptr<Engine> engine_for(const Trainee& t, const std::string& toml) {
-  return tessera::initialize(t.module, tessera::config::load_config_text(toml, tessera::config::Format::toml, "save_load"))
-      .engine;
-}
-
-void train(Engine& engine, const Trainee& t, int from, int to) {
-  for (int step = from; step < to; ++step)
-    for (int micro = 0; micro < 2; ++micro) {
-      engine.backward(t.loss(step, micro));
-      engine.step();
-    }
-}
-
-void fill_nan(Engine& engine) {
-  torch::NoGradGuard no_grad;
-  for (auto& [key, t] : engine.storage_maps().buffers) t.fill_(std::numeric_limits<double>::quiet_NaN());
-}
-
-struct Counters {
-  int64_t global, micro, skipped;
-  double scale, lr;
-  std::vector<double> last_lrs;
-  bool operator==(const Counters& o) const {
-    return global == o.global && micro == o.micro && skipped == o.skipped && scale == o.scale && lr == o.lr &&
-           last_lrs == o.last_lrs;
-  }
-};
-Counters counters(const Engine& e) {
-  return {e.global_steps(), e.micro_steps(), e.skipped_steps(), e.loss_scale(), e.get_lr(), e.last_lrs()};
-}
-
-// Asynchronous: the save returns after the snapshot and training goes on while the writer writes;
-// the checkpoint must hold the state of the save, not of later steps.
-void exact_resume(const std::string& name, const std::function<Trainee()>& make, const std::string& toml,
-                  tessera::SaveMode mode = tessera::SaveMode::synchronous) {
-  INFO(name);
-  const auto dir = fresh_dir(name);
-  auto first = make();
-  auto engine = engine_for(first, toml);
-  train(*engine, first, 0, 3);
-  const auto at_save = buffers(*engine);
-  const auto counters_at_save = counters(*engine);
-  tessera::CheckpointSaveOptions save{"", R"({"epoch": 7, "seen": [1, 2]})"};
-  save.mode = mode;
-  const auto path = engine->save_checkpoint(dir, save);
-  CHECK(path == (fs::path(dir) / "global_step3").string());
-  train(*engine, first, 3, 5);
-  engine->wait_for_checkpoint();
-  const auto at_end = buffers(*engine);
-  const auto counters_at_end = counters(*engine);
-
-  auto second = make();
-  auto resumed = engine_for(second, toml);
-  fill_nan(*resumed);
-  // Negative control: the comparison sees buffers that were not overwritten.
-  CHECK_FALSE(differing(at_save, buffers(*resumed)).empty());
-  const auto loaded = resumed->load_checkpoint(dir);
-  CHECK(loaded.tag == "global_step3");
-  CHECK(loaded.client_state == R"({"epoch":7,"seen":[1,2]})");
-  const auto after_load = differing(at_save, buffers(*resumed));
-  INFO("buffers that differ after the load: " << after_load.size() << (after_load.empty() ? "" : " first " + after_load.front()));
-  CHECK(after_load.empty());
-  CHECK(counters(*resumed) == counters_at_save);
-  train(*resumed, second, 3, 5);
-  const auto diff = differing(at_end, buffers(*resumed));
-  INFO("buffers that differ after 2 more steps: " << diff.size() << (diff.empty() ? "" : " first " + diff.front()));
-  CHECK(diff.empty());
-  CHECK(counters(*resumed) == counters_at_end);
-}
-
-// Every stored tensor of `engine`, read element by element through its maps from every rank's
-// buffers (all-gathered): the definition of a map, not the planner. Keys "<kind>/<name>".
-std::map<std::string, torch::Tensor> materialize(const Engine& engine) {
-  const auto storage = engine.storage_maps();
-  std::map<std::string, std::vector<torch::Tensor>> all;  // buffer key -> every rank's copy
-  for (const auto& [key, t] : storage.buffers) {
-    auto flat = t.reshape({t.numel()}).contiguous();
-    if (kWorld == 1) {
-      all[key] = {flat};
-      continue;
-    }
-    auto gathered = torch::empty({kWorld * flat.numel()}, flat.options());
-    test_comm().all_gather(flat, gathered)->wait();
-    for (int r = 0; r < kWorld; ++r) all[key].push_back(gathered.narrow(0, r * flat.numel(), flat.numel()));
-  }
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& m : storage.maps) {
-    const auto& some = all.at(m.buffer).front();
-    auto full = torch::full({m.map.numel()}, std::numeric_limits<double>::quiet_NaN(), some.options());
-    const int64_t es = int64_t(some.element_size());
-    auto* dst = static_cast<char*>(full.data_ptr());
-    for (const auto& [rank, storage_of_rank] : m.map.ranks) {
-      const auto* src = static_cast<const char*>(all.at(m.buffer).at(size_t(rank)).data_ptr());
-      for (const auto& piece : storage_of_rank.pieces) {
-        const auto& box = piece.box;
-        if (box.is_empty()) continue;
-        tessera::affine::Dims i = box.origin;
-        for (;;) {
-          int64_t linear = 0;
-          for (int k = 0; k < m.map.shape.size(); ++k) linear = linear * m.map.shape[k] + i[k];
-          std::memcpy(dst + linear * es, src + piece.address_of(i) * es, size_t(es));
-          int k = box.ndim() - 1;
-          while (k >= 0 && ++i[k] == box.end(k)) i[k] = box.origin[k], --k;
-          if (k < 0) break;
-        }
-      }
-    }
-    out[m.kind + "/" + m.map.name] = full;
-  }
-  return out;
-}
-
-std::map<std::string, torch::Tensor> gathered_weights(const Engine& engine) {
-  std::map<std::string, torch::Tensor> out;
-  engine.for_each_gathered_parameter([&](const std::string& name, const at::Tensor& w) { out["gathered/" + name] = w.clone(); });
-  return out;
-}
-
-std::string precision_section(const std::string& dtype) {
-  if (dtype == "bf16") return "[bf16]\nenabled = true\n";
-  return "";
-}
+using namespace tessera::save_load_testing;
 
 }  // namespace
 
@@ -242,50 +51,6 @@ TEST_CASE("Exact resume: a NaN-filled engine loads the checkpoint and continues 
   for (int stage : {1, 2})
     exact_resume("fp16_stage" + std::to_string(stage), mlp,
                  config(stage, "[fp16]\nenabled = true\ninitial_scale_power = 10\nloss_scale_window = 2\nhysteresis = 1\n"));
-}
-
-TEST_CASE("Asynchronous saves: the state of the save, training goes on meanwhile; the staging area is reused",
-          "[resume][async]") {
-  for (int stage : {1, 3}) {
-    exact_resume("async_fp32_stage" + std::to_string(stage), [] { return gpt(); }, config(stage, ""),
-                 tessera::SaveMode::asynchronous);
-    exact_resume("async_bf16_stage" + std::to_string(stage), [] { return gpt(); },
-                 config(stage, "[bf16]\nenabled = true\n"), tessera::SaveMode::asynchronous);
-  }
-  // The config's switch, and one staging area for many saves.
-  const auto dir = fresh_dir("async_reuse");
-  auto t = gpt();
-  auto engine = engine_for(t, config(2, "") + "[tessera.checkpoint]\nasync_save = true\nkeep_last = 1\n");
-  int64_t staged = -1;
-  for (int step = 0; step < 6; ++step) {
-    train(*engine, t, step, step + 1);
-    engine->save_checkpoint(dir);
-    if (staged < 0) staged = engine->checkpoint_staging_bytes();
-    CHECK(engine->checkpoint_staging_bytes() == staged);
-  }
-  CHECK(staged > 0);
-  const auto at_end = buffers(*engine);
-  CHECK(engine->load_checkpoint(dir).tag == "global_step6");  // waits for the save in flight
-  CHECK(differing(at_end, buffers(*engine)).empty());
-}
-
-TEST_CASE("An asynchronous save that fails raises on every rank at the next wait; the engine goes on", "[async]") {
-  const auto dir = fresh_dir("async_failure");
-  auto t = gpt();
-  auto engine = engine_for(t, config(2, ""));
-  train(*engine, t, 0, 1);
-  tessera::CheckpointSaveOptions options{"broken"};
-  options.mode = tessera::SaveMode::asynchronous;
-  options.at_point_for_testing = [](tessera::SavePoint p) {
-    if (p == tessera::SavePoint::rank_file_written && kRank == kWorld - 1) throw tessera::Error("disk on fire");
-  };
-  engine->save_checkpoint(dir, options);
-  train(*engine, t, 1, 2);
-  CHECK_THROWS_WITH(engine->wait_for_checkpoint(), Catch::Contains("nothing was committed") && Catch::Contains("disk on fire"));
-  CHECK_FALSE(fs::exists(fs::path(dir) / "broken"));
-  engine->wait_for_checkpoint();  // raised once
-  engine->save_checkpoint(dir, {"good"});
-  CHECK(engine->load_checkpoint(dir).tag == "good");
 }
 
 TEST_CASE("A bad checkpoint is refused on every rank, naming the file or tensor, and nothing changes", "[errors]") {
@@ -512,6 +277,7 @@ TEST_CASE("A save killed at a given point", "[.kill_save]") {
   if (env_string("TESSERA_KILL_ASYNC", "0") == "1") options.mode = tessera::SaveMode::asynchronous;
   options.at_point_for_testing = [&](tessera::SavePoint p) {
     static const std::map<std::string, tessera::SavePoint> points{
+        {"snapshot_begins", tessera::SavePoint::snapshot_begins},
         {"rank_file_written", tessera::SavePoint::rank_file_written},
         {"manifest_written", tessera::SavePoint::manifest_written},
         {"committed", tessera::SavePoint::committed},

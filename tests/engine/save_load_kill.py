@@ -14,6 +14,7 @@ POINTS = [("rank_file_written", 1), ("rank_file_written", 0), ("manifest_written
           ("latest_written", 0)]
 # Each point in a synchronous save and in an asynchronous one (killed on the writer's thread).
 CASES = [(point, rank, mode) for mode in ("sync", "async") for point, rank in POINTS]
+CASES.append(("snapshot_begins", 1, "async"))  # before the writer has copied anything
 failures = []
 for i, (point, rank, mode) in enumerate(CASES):
     root = tempfile.mkdtemp(prefix="tessera_kill_")
