@@ -8,6 +8,8 @@
 //   raw_read   that raw file read sequentially after dropping its pages (posix_fadvise DONTNEED on
 //              clean, synced pages: the disk is measured, not memory)
 //   load       Engine::load_checkpoint at the same layout after dropping the checkpoint's pages
+//   raw_read_as_much  as many bytes as that load read, read sequentially from the rank files (this
+//              rank's, then the others'); load_as_much: the load against it
 //   async_save_blocked  an asynchronous save followed by one training step (forward, backward and
 //              step() on --batch rows): the time training is blocked, i.e. save_checkpoint's own time
 //              plus the step's wait for the writer's snapshot (what forward and backward did not
@@ -114,6 +116,23 @@ double raw_read(const std::string& path) {
   off_t at = 0;
   for (ssize_t n; (n = ::pread(fd, block.data(), block.size(), at)) > 0;) at += n;
   ::close(fd);
+  return since(t);
+}
+
+// As many bytes as a load read (`bytes`), read sequentially from the checkpoint's rank files (this
+// rank's first, then the others'), pages dropped: the raw baseline of a load that needs more than
+// its own file (below ZeRO-3 every rank holds the whole weights).
+double raw_read_as_much(const std::vector<std::string>& paths, int64_t bytes) {
+  for (const auto& p : paths) drop_pages(p);
+  std::vector<char> block(size_t(1) << 20);
+  const auto t = Clock::now();
+  for (const auto& p : paths) {
+    const int fd = ::open(p.c_str(), O_RDONLY);
+    off_t at = 0;
+    for (ssize_t n; bytes > 0 && (n = ::pread(fd, block.data(), size_t(std::min<int64_t>(int64_t(block.size()), bytes)), at)) > 0;)
+      at += n, bytes -= n;
+    ::close(fd);
+  }
   return since(t);
 }
 
@@ -260,7 +279,8 @@ int main(int argc, char** argv) {
   const std::string root = dir + "/" + env.job;
   if (env.rank == 0) fs::remove_all(root);
   fs::create_directories(root);
-  std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s, blocked_s, async_total_s, step_s, step_beside_s;
+  std::vector<double> save_s, load_s, other_s, raw_w_s, raw_r_s, blocked_s, async_total_s, step_s, step_beside_s,
+      raw_as_much_s;
   int64_t load_read = 0, other_read = 0;  // bytes the last load of each kind read
   int64_t file_bytes = 0;
   const std::string raw_path = root + "/raw_rank" + std::to_string(env.rank);
@@ -326,6 +346,10 @@ int main(int argc, char** argv) {
     engine->load_checkpoint(root, {"bench"});
     load_s.push_back(since(t));
     load_read = bytes_read_so_far() - read_before;
+    std::vector<std::string> rank_files{rank_file};
+    for (int r = 0; r < env.world_size; ++r)
+      if (r != env.rank) rank_files.push_back(root + "/bench/rank" + std::to_string(r) + ".safetensors");
+    raw_as_much_s.push_back(raw_read_as_much(rank_files, load_read));
     drop_tree(root + "/bench");
     read_before = bytes_read_so_far();
     t = Clock::now();
@@ -359,6 +383,8 @@ int main(int argc, char** argv) {
   line("step_beside_async_save", median(step_beside_s), median(step_s));
   line("raw_read", best_raw_r, best_raw_r, file_bytes);
   line("load", best_load, best_raw_r, load_read);
+  line("raw_read_as_much", median(raw_as_much_s), median(raw_as_much_s), load_read);
+  line("load_as_much", best_load, median(raw_as_much_s), load_read);  // ratio: raw read of as many bytes / load
   line("load_other_layout", best_other, best_load, other_read);  // ratio: same-layout load seconds / other-layout seconds
   engine.reset(), other.reset();  // their removals of replaced tags (in the background) end first
   if (env.rank == 0) fs::remove_all(root);
