@@ -8,8 +8,8 @@
 //   raw_read   that raw file read sequentially after dropping its pages (posix_fadvise DONTNEED on
 //              clean, synced pages: the disk is measured, not memory)
 //   load       Engine::load_checkpoint at the same layout after dropping the checkpoint's pages
-//   raw_read_as_much  as many bytes as that load read, read sequentially from the rank files (this
-//              rank's, then the others'); load_as_much: the load against it
+//   raw_read_as_much  as many bytes as that load read, read sequentially from this rank's files (its
+//              rank file, then the raw write's copy); load_as_much: the load against it
 //   async_save_blocked  an asynchronous save followed by one training step (forward, backward and
 //              step() on --batch rows): the time training is blocked, i.e. save_checkpoint's own time
 //              plus the step's wait for the writer's snapshot (what forward and backward did not
@@ -119,9 +119,10 @@ double raw_read(const std::string& path) {
   return since(t);
 }
 
-// As many bytes as a load read (`bytes`), read sequentially from the checkpoint's rank files (this
-// rank's first, then the others'), pages dropped: the raw baseline of a load that needs more than
-// its own file (below ZeRO-3 every rank holds the whole weights).
+// As many bytes as a load read (`bytes`), read sequentially from `paths` in turn, pages dropped: the
+// raw baseline of a load that needs more than its own file (below ZeRO-3 every rank holds the whole
+// weights). The paths are this rank's own files (its rank file, then the raw write's copy of it), so
+// that no bytes come from a page cache another rank filled.
 double raw_read_as_much(const std::vector<std::string>& paths, int64_t bytes) {
   for (const auto& p : paths) drop_pages(p);
   std::vector<char> block(size_t(1) << 20);
@@ -346,10 +347,7 @@ int main(int argc, char** argv) {
     engine->load_checkpoint(root, {"bench"});
     load_s.push_back(since(t));
     load_read = bytes_read_so_far() - read_before;
-    std::vector<std::string> rank_files{rank_file};
-    for (int r = 0; r < env.world_size; ++r)
-      if (r != env.rank) rank_files.push_back(root + "/bench/rank" + std::to_string(r) + ".safetensors");
-    raw_as_much_s.push_back(raw_read_as_much(rank_files, load_read));
+    raw_as_much_s.push_back(raw_read_as_much({rank_file, raw_now}, load_read));
     drop_tree(root + "/bench");
     read_before = bytes_read_so_far();
     t = Clock::now();

@@ -115,6 +115,43 @@ for step in range(15, STEPS):
 for i, (g, e) in enumerate(zip(resumed.parameters(), expected)):
     expect(torch.equal(g.detach(), e), f"resumed at stage 1: parameter {i} differs from the oracle")
 
+# Asynchronous saves from Python (the config's tessera.checkpoint.async_save): the save returns at once and training
+# goes on; the checkpoint holds the state at the save (loaded at stage 2 and trained on: the oracle's weights). A
+# parameter changed in place before the next step() fails that save on every rank, naming the parameter.
+async_config = dict(config(1), tessera={"transport": {"collective_timeout_ms": 60000}, "checkpoint": {"async_save": True}})
+model = model_of()
+engine, _, _, _ = tessera.initialize(model=model, config=async_config)
+for step in range(15):
+    engine.backward(loss_of(engine, step, rank))
+    engine.step()
+engine.save_checkpoint(os.path.join(work, "async"), tag="at15")
+for step in range(15, 18):  # the next update waits for the snapshot, not for the write
+    engine.backward(loss_of(engine, step, rank))
+    engine.step()
+engine.wait_for_checkpoint()
+resumed = model_of()
+resumed_engine, _, _, _ = tessera.initialize(model=resumed, config=config(2))
+resumed_engine.load_checkpoint(os.path.join(work, "async"))
+for step in range(15, STEPS):
+    resumed_engine.backward(loss_of(resumed_engine, step, rank))
+    resumed_engine.step()
+for i, (g, e) in enumerate(zip(resumed.parameters(), expected)):
+    expect(torch.equal(g.detach(), e), f"asynchronous save resumed at stage 2: parameter {i} differs from the oracle")
+engine.save_checkpoint(os.path.join(work, "async"), tag="changed")
+if rank == 0:
+    with torch.no_grad():
+        model[0].weight.mul_(1.0)  # behind the engine's back, before the snapshot is certain to be done
+try:
+    engine.wait_for_checkpoint()
+    changed_error = None
+except tessera.CheckpointError as e:
+    changed_error = str(e)
+# The snapshot may have finished before the change (it runs beside this thread): then the save stands.
+expect(changed_error is None or "parameter '0.weight' was changed in place" in changed_error,
+       f"a parameter changed during the snapshot: {changed_error}")
+expect((changed_error is None) == os.path.isdir(os.path.join(work, "async", "changed")),
+       "a failed asynchronous save left its tag, or a good one did not")
+
 # The optimizer and scheduler initialize returns: param_groups' lr reads and sets the engine's, per group; with a
 # `scheduler` section the scheduler object reports the engine's lrs.
 model = model_of()
