@@ -12,6 +12,7 @@
 #include "actors/offload.h"
 #include "actors/optimizer_state_placement.h"
 #include "actors/parked_reply.h"
+#include "actors/weight_departures.h"
 #include "core/elapsed.h"
 #include "core/error.h"
 
@@ -121,30 +122,11 @@ struct OptimizerShardState {
     };
     using InFlight = decltype(gradients_to_host(0));
     std::deque<InFlight> arriving;
-    using Leaving = decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}));
-    // Each copy in flight, the piece it reads (acquired until the reply) and the weights it writes.
-    struct Departure { Leaving request; size_t piece; at::Tensor target; };
-    std::deque<Departure> leaving;
+    WeightDepartures leaving(self, offload, bound(), parameters, *store, failure);
     // A sub-group stays acquired until its weights have left. In host memory that costs nothing;
     // NVMe keeps few records in memory, so each is released (written back) as soon as its weights
     // are copied, while the next one steps.
     const size_t in_flight = nvme ? 1 : size_t(staging_slots);
-    auto weights_left = [&] {
-      auto& d = leaving.front();
-      bool copied = false;
-      d.request.receive([&](Done& done) {
-        if (done.error && !failure) failure = done.error;
-        copied = !done.error;
-      }, fail("weights to the device"));
-      const auto& p = pieces[d.piece];
-      try {
-        if (copied) parameters.release(p.g, p.begin, d.target);  // parameters on NVMe: into the swap
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-      store->release(int64_t(p.g), int64_t(p.s));
-      leaving.pop_front();
-    };
     const auto swap_before = nvme ? nvme->stats() : optim::NvmeStoreStats{};
     size_t asked = 0;
     for (; asked < pieces.size() && asked < size_t(staging_slots); ++asked) arriving.push_back(gradients_to_host(asked));
@@ -188,14 +170,13 @@ struct OptimizerShardState {
         store->release(int64_t(p.g), int64_t(p.s));
         break;
       }
-      WeightsToDevice out{int64_t(i) % staging_slots, state.master, target};
-      leaving.push_back(Departure{self->request(offload, bound(), to_device_atom::value, std::move(out)), i, target});
-      while (leaving.size() > in_flight && !failure) weights_left();
+      leaving.send(int64_t(i) % staging_slots, p.g, p.s, p.begin, state.master, target);
+      while (leaving.in_flight() > in_flight && !failure) leaving.take_oldest();
     }
     // Every reply is taken, also after a failure (no copy may outlive the lends).
     for (auto& a : arriving) a.receive([](HostGradients&) {}, fail("gradients to the host"));
     const auto t0 = std::chrono::steady_clock::now();
-    while (!leaving.empty()) weights_left();
+    leaving.take_all();
     report.offload_wait_s += seconds_since(t0);
     if (nvme) {
       try {
@@ -288,28 +269,7 @@ struct OptimizerShardState {
   void write_back(const PartitionWeights& parameters, StepReport& report) {
     caf::scoped_actor self{actor_system()};
     std::exception_ptr failure;
-    using Leaving = decltype(self->request(offload, bound(), to_device_atom::value, WeightsToDevice{}));
-    // Each copy in flight, its sub-group (acquired until the reply) and the weights it writes.
-    struct Departure { Leaving request; size_t g, sub; int64_t begin; at::Tensor target; };
-    std::deque<Departure> leaving;
-    auto weights_left = [&] {
-      auto& d = leaving.front();
-      bool copied = false;
-      d.request.receive([&](Done& done) {
-        if (done.error && !failure) failure = done.error;
-        copied = !done.error;
-      }, [&](caf::error& e) {
-        if (!failure) failure = std::make_exception_ptr(Error("optimizer-shard: the offload actor did not answer (weights to "
-                                                              "the device): " + actor_system().render(e)));
-      });
-      try {
-        if (copied) parameters.release(d.g, d.begin, d.target);  // parameters on NVMe: into the swap
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-      store->release(int64_t(d.g), int64_t(d.sub));
-      leaving.pop_front();
-    };
+    WeightDepartures leaving(self, offload, bound(), parameters, *store, failure);
     const auto t0 = std::chrono::steady_clock::now();
     int64_t i = 0;
     for (size_t g = 0; g < sub_groups.size() && !failure; ++g)
@@ -325,12 +285,11 @@ struct OptimizerShardState {
           store->release(int64_t(g), int64_t(sub));
           break;
         }
-        WeightsToDevice out{i++ % staging_slots, state.master, target};
-        leaving.push_back(Departure{self->request(offload, bound(), to_device_atom::value, std::move(out)), g, sub, begin, target});
+        leaving.send(i++ % staging_slots, g, sub, begin, state.master, target);
         // On NVMe the records acquired at once must leave buffers for the reads ahead (as update_offloaded).
-        while (leaving.size() >= (nvme ? size_t(1) : size_t(staging_slots)) && !failure) weights_left();
+        while (leaving.in_flight() >= (nvme ? size_t(1) : size_t(staging_slots)) && !failure) leaving.take_oldest();
       }
-    while (!leaving.empty()) weights_left();
+    leaving.take_all();
     report.offload_wait_s += seconds_since(t0);
     if (nvme) {
       try {
