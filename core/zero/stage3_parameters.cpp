@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <xxhash.h>
 
 #include "core/error.h"
 
@@ -33,6 +34,7 @@ Stage3Parameters::Stage3Parameters(const ShardingPlan& plan, int rank, const std
   if (swap) {
     swap_ = std::make_shared<ParameterSwap>(std::move(swapped), *swap);
     lent_.resize(plan.groups().size());
+    lent_hashes_.resize(plan.groups().size());
   }
   const auto& segments = plan.segments();
   // Values of a segment's parameters into `gathered` (its padded_numel), then the parameters rebound to views of it.
@@ -147,6 +149,7 @@ at::Tensor Stage3Parameters::lend(int64_t group) {
     auto paged = at::empty({plan_->weight_buffer_elements(group)}, at::dtype(options_.dtype().toScalarType()));
     swap_->read(group, 0, paged.narrow(0, 0, partition));
     paged.narrow(0, partition, paged.numel() - partition).copy_(weights_[size_t(group)]);
+    lent_hashes_.at(size_t(group)) = XXH3_64bits(paged.data_ptr(), paged.nbytes());
     whole = std::move(paged);
   }
   return whole;
@@ -157,11 +160,15 @@ void Stage3Parameters::settle_lent() {
   bool wrote = false;
   for (size_t g = 0; g < lent_.size(); ++g) {
     if (!lent_[g].defined()) continue;
-    const int64_t partition = plan_->groups()[g].layout.partition_numel;
-    swap_->write(int64_t(g), 0, lent_[g].narrow(0, 0, partition));
-    weights_[g].copy_(lent_[g].narrow(0, partition, lent_[g].numel() - partition));
+    // Unchanged since it was paged in (a save, a sync): nothing to write. A hash, not a version
+    // counter: the lenders' writers (a checkpoint load's executor) write through raw pointers.
+    if (XXH3_64bits(lent_[g].data_ptr(), lent_[g].nbytes()) != lent_hashes_[g]) {
+      const int64_t partition = plan_->groups()[g].layout.partition_numel;
+      swap_->write(int64_t(g), 0, lent_[g].narrow(0, 0, partition));
+      weights_[g].copy_(lent_[g].narrow(0, partition, lent_[g].numel() - partition));
+      wrote = true;
+    }
     lent_[g] = at::Tensor();
-    wrote = true;
   }
   if (wrote) swap_->flush();
 }

@@ -70,7 +70,8 @@ class Stage3Parameters {
   // The gathered persistent segment of a group ([padded_numel], in host memory or inside the
   // weight buffer), or undefined.
   at::Tensor persistent_segment(int64_t group);
-  // nvme: lent weight buffers back into the swap (and their persistent segments into place).
+  // nvme: lent weight buffers back into the swap (and their persistent segments into place);
+  // one unchanged since it was lent is only dropped.
   void settle_lent();
   const ParameterSwap* swap() const { return swap_.get(); }
   // nvme: the swap, for the optimizer's range-by-range updates (settle_lent() first).
@@ -103,6 +104,7 @@ class Stage3Parameters {
   std::vector<at::Tensor> weights_;  // per flat group, where home_ says (nvme: [partition_numel, end) only)
   std::shared_ptr<ParameterSwap> swap_;
   std::vector<at::Tensor> lent_;  // nvme: per flat group, the whole weight buffer paged in, or undefined
+  std::vector<uint64_t> lent_hashes_;  // nvme: XXH3 of each lent buffer as it was paged in
   std::vector<UnitStorage> units_;
 };
 
