@@ -88,7 +88,6 @@ struct WriterState {
 void snapshot(WriterState& state, std::vector<SnapshotSource>& sources, const std::vector<WatchedTensor>& watched,
               SaveJob& job) {
   for (const auto& s : sources) job.tensors.push_back({s.key, state.stage(s.key, s.view)});
-  sources.clear();  // the engine's buffers are not held past the snapshot
   for (const auto& w : watched)
     if (w.counter.current_version() != w.at_save)
       throw CheckpointError("save_checkpoint " + (job.dir + "/" + job.tag) + ": " + w.name +
@@ -108,8 +107,8 @@ checkpoint_writer_actor::behavior_type writer(checkpoint_writer_actor::stateful_
           snapshot(self->state, *save.sources, *save.watched, job);
         } catch (const std::exception& e) {
           job.failed_before_writing = e.what();  // every rank learns it in the save's exchange
-          save.sources->clear();
         }
+        save.sources->clear();  // the engine's buffers are not held past the snapshot
         save.progress->staging_bytes = self->state.bytes();
         save.progress->reach(Phase::writing);
         std::exception_ptr error;
@@ -178,11 +177,6 @@ void CheckpointWriter::wait() {
   std::unique_lock<std::mutex> lock(progress_->mutex);
   progress_->changed.wait(lock, [this] { return progress_->phase == Progress::Phase::idle; });
   if (progress_->error) std::rethrow_exception(std::exchange(progress_->error, nullptr));
-}
-
-bool CheckpointWriter::busy() const {
-  std::lock_guard<std::mutex> lock(progress_->mutex);
-  return progress_->phase != Progress::Phase::idle;
 }
 
 int64_t CheckpointWriter::staging_bytes() const { return progress_->staging_bytes; }

@@ -59,7 +59,6 @@ class CheckpointWriter {
   double wait_for_snapshot();
   // Waits for the save in flight; raises its error once.
   void wait();
-  bool busy() const;
   int64_t staging_bytes() const;
 
   struct Progress;  // shared with the actor (checkpoint_writer.cpp)

@@ -108,17 +108,6 @@ int64_t bytes_read_so_far() {
   return -1;
 }
 
-double raw_read(const std::string& path) {
-  drop_pages(path);
-  std::vector<char> block(size_t(1) << 20);
-  const auto t = Clock::now();
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  off_t at = 0;
-  for (ssize_t n; (n = ::pread(fd, block.data(), block.size(), at)) > 0;) at += n;
-  ::close(fd);
-  return since(t);
-}
-
 // As many bytes as a load read (`bytes`), read sequentially from `paths` in turn, pages dropped: the
 // raw baseline of a load that needs more than its own file (below ZeRO-3 every rank holds the whole
 // weights). The paths are this rank's own files (its rank file, then the raw write's copy of it), so
@@ -136,6 +125,8 @@ double raw_read_as_much(const std::vector<std::string>& paths, int64_t bytes) {
   }
   return since(t);
 }
+
+double raw_read(const std::string& path) { return raw_read_as_much({path}, int64_t(fs::file_size(path))); }
 
 // --rss-saves N: N asynchronous saves in a row (each waited for), RSS after each: the staging area
 // is allocated by the first and reused, so after it the resident set stays flat. One JSON line:
