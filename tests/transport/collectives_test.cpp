@@ -3,6 +3,7 @@
 // builds every rank's input locally (a closed form of rank and index), so the expected result is
 // computed here, in fp32, and compared bitwise.
 #include <catch2/catch.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -12,6 +13,8 @@
 
 #include "core/error.h"
 #include "mp_world.h"
+#include "transport/detail/c10d_store.h"
+#include "transport/gloo/exchange_all_reduce.h"
 
 using namespace tessera::transport;
 using tessera::transport::testing::MpWorld;
@@ -211,6 +214,58 @@ TEST_CASE("two members: all-reduce of random values is the fp32 result rounded o
     }
   }
   pair->barrier()->wait();
+}
+
+TEST_CASE("more than two members: all-reduce of random values is bitwise Gloo's ring (c10d's ProcessGroupGloo)",
+          "[collectives]") {
+  // More members run the exchange all-reduce (transport/gloo/exchange_all_reduce.h), which adds
+  // each chunk's copies in the ring's order at the ring's chunk boundaries. The oracle is c10d's
+  // ProcessGroupGloo (gloo::allreduce's ring) on the same random values: sums that round in fp32,
+  // so another order or boundary shows. Sizes with empty chunks (3, 5 at 4 members), around the
+  // ring's 2 x members segments, past 1 MiB segments (more segments per chunk) and past the 4 MiB
+  // pieces (two rounds). Members: the whole job (4 at np4) and a group of 3.
+  auto& w = MpWorld::get();
+  std::vector<std::pair<std::vector<int>, std::string>> groups;
+  if (w.size > 2) groups.push_back({iota(w.size), "ring_all"});
+  if (w.size > 3) groups.push_back({iota(3), "ring_three"});
+  for (auto& [members, name] : groups) {
+    std::shared_ptr<Communicator> comm = members.size() == size_t(w.size) ? w.world : w.world->group(members, name);
+    if (!comm) continue;
+    const int me = comm->rank(), size = comm->size();
+    auto opts = c10d::ProcessGroupGloo::Options::create(w.timeout);
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    c10d::ProcessGroupGloo ring(c10d_store(*w.store, name), me, size, opts);
+    for (auto dtype : {torch::kFloat, torch::kDouble}) {
+      for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{5}, int64_t{1009}, (int64_t{1} << 18) + 1,
+                        3 * (int64_t{1} << 20) + 5, 5 * (int64_t{1} << 20) + 3}) {
+        if (dtype == torch::kDouble && n > (1 << 20)) continue;
+        for (auto op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+          INFO("members " << size << " dtype " << c10::toString(dtype) << " n " << n << " op " << int(op));
+          auto input = torch::randn({n}, at::make_generator<at::CPUGeneratorImpl>(uint64_t(7919 * me + n)), dtype);
+          auto expected = input.clone();
+          std::vector<at::Tensor> v{expected};
+          c10d::AllreduceOptions o;
+          o.reduceOp = op == ReduceOp::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+          ring.allreduce(v, o)->wait();
+          if (op == ReduceOp::avg) expected.div_(size);
+          auto t = input.clone();
+          comm->all_reduce(t, {{}, op})->wait();
+          CHECK(torch::equal(t, expected));
+        }
+      }
+    }
+    comm->barrier()->wait();
+  }
+}
+
+TEST_CASE("ring chunks: every element in one chunk, chunks as Gloo's ring cuts them", "[collectives]") {
+  // Gloo's ring at 4 members: 8 segments below 8 MiB (2 per chunk), ceil(bytes / 1 MiB) rounded up
+  // to a multiple of 4 above; segments element-aligned.
+  CHECK(ring_chunk_elements(1, 4, 4) == 2);             // 8 segments of 4 bytes, 2 a chunk
+  CHECK(ring_chunk_elements(1009, 4, 4) == 254);        // ceil(1009 / 8) = 127 a segment
+  CHECK(ring_chunk_elements(int64_t{3} << 20, 4, 4) == (int64_t{3} << 18));  // 12 MiB: 12 segments of 1 MiB
+  CHECK(ring_chunk_elements((int64_t{3} << 20) + 5, 4, 4) == 4 * 196609);  // 16 segments of 196609
+  CHECK(ring_chunk_elements(7, 3, 8) == 4);             // 6 segments of 2 doubles
 }
 
 TEST_CASE("tens of MB: all-reduce, reduce-scatter and all-gather on the whole job", "[collectives][large]") {

@@ -5,15 +5,14 @@
 // gloo::allgatherv), over a second full mesh on the same device and store. bf16/fp16
 // reductions run in fp32; byte-moving operations run on a uint8 view (Gloo has no bf16). An
 // all-reduce of two members is tessera's own pipelined exchange over the same mesh
-// (pair_all_reduce.h: bf16 travels as bf16, bitwise the ring's result); of more members in bf16/fp16
-// an exchange and an all-gather in the half dtype (half_all_reduce.h).
+// (pair_all_reduce.h: bf16 travels as bf16, bitwise the ring's result); of more members two rounds
+// of direct messages in the tensor's dtype (exchange_all_reduce.h: bitwise the ring for fp32).
 // The pairs listen on CommunicatorOptions::gloo_hostname, or where other nodes can reach them
 // (gloo_device below).
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
-#include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
@@ -31,7 +30,7 @@
 #include "core/launch_env.h"
 #include "transport/detail/backend.h"
 #include "transport/detail/c10d_store.h"
-#include "transport/gloo/half_all_reduce.h"
+#include "transport/gloo/exchange_all_reduce.h"
 #include "transport/gloo/pair_all_reduce.h"
 
 namespace tessera::transport {
@@ -90,17 +89,17 @@ class GlooBackend : public Backend {
 
   const std::string& name() const override { return name_; }
 
-  // Run on this thread (the pair exchange or gloo's ring, as c10d's process group runs it): no
+  // Run on this thread (the pair or exchange all-reduce over the context's mesh): no
   // hand-off to c10d's worker threads and back, which costs two thread switches per bucket.
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     if (tensor.numel() == 0) return;
     switch (tensor.scalar_type()) {
       case at::kFloat:
       case at::kBFloat16:
-      case at::kHalf: return all_reduce_as<float>(tensor, op);
-      case at::kDouble: return all_reduce_as<double>(tensor, op);
-      case at::kLong: return all_reduce_as<int64_t>(tensor, op);
-      case at::kInt: return all_reduce_as<int32_t>(tensor, op);
+      case at::kHalf:
+      case at::kDouble:
+      case at::kLong:
+      case at::kInt: return all_reduce_supported(tensor, op);
       default:
         throw TransportError(std::string("gloo all_reduce: dtype ") + c10::toString(tensor.scalar_type()) +
                              " not supported (float, bf16, fp16, double, int32, int64)");
@@ -222,23 +221,13 @@ class GlooBackend : public Backend {
   }
 
   // Two members: the pipelined pair exchange (pair_all_reduce.h), bitwise what the ring gives.
-  // More: bf16/fp16 as an exchange, a member-order fp32 sum and an all-gather with the half dtype on
-  // the wire (half_all_reduce.h); other dtypes gloo's ring, as c10d's ProcessGroupGloo runs it
-  // (bcube's order could differ between ranks).
-  template <typename T>
-  void all_reduce_as(at::Tensor& tensor, ReduceOp op) {
+  // More: the exchange all-reduce (exchange_all_reduce.h): two rounds of direct messages in the
+  // tensor's dtype; bitwise gloo's ring (as c10d's ProcessGroupGloo runs it) for fp32/double/ints,
+  // member order in fp32 for bf16/fp16 (as reduce-scatter).
+  void all_reduce_supported(at::Tensor& tensor, ReduceOp op) {
     if (size_ == 2) return pair_all_reduce(*context_, tensor, op, next_tag_++, timeout_, pair_scratch_);
-    if (is_half(tensor)) return half_all_reduce(context_, tensor, op, next_tag_, timeout_, half_scratch_);
-    at::Tensor work = is_half(tensor) ? upcast(tensor) : tensor;
-    gloo::AllreduceOptions o(context_);
-    o.setOutput<T>(work.data_ptr<T>(), static_cast<size_t>(work.numel()));
-    using Fn = void (*)(void*, const void*, const void*, size_t);
-    o.setReduceFunction(op == ReduceOp::max ? static_cast<Fn>(&gloo::max<T>) : static_cast<Fn>(&gloo::sum<T>));
-    o.setTag(next_tag_++);
-    o.setTimeout(timeout_);
-    gloo::allreduce(o);
-    if (op == ReduceOp::avg) work.div_(size_);
-    if (!work.is_same(tensor)) tensor.copy_(work);
+    exchange_all_reduce(*context_, tensor, op, is_half(tensor) ? SumOrder::member : SumOrder::ring, next_tag_++,
+                        timeout_, exchange_scratch_);
   }
 
   // gloo's ring reduce in place (the tensor itself, or its fp32 upcast); root divides for avg.
@@ -300,7 +289,7 @@ class GlooBackend : public Backend {
   at::Tensor scratch_;   // fp32, see upcast()
   at::Tensor exchange_;  // reduce_scatter's received chunks
   PairAllReduceScratch pair_scratch_;
-  HalfAllReduceScratch half_scratch_;
+  ExchangeAllReduceScratch exchange_scratch_;
   std::string name_ = "gloo";
   int rank_;
   int size_;
