@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "actors/engine/engine.h"
+#include "bench/common/median.h"
 #include "core/config/load.h"
 #include "core/io/safetensors.h"
 #include "transport/launch_env.h"
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   using clock = std::chrono::steady_clock;
   clock::time_point start;
   double phase_ms[3] = {0, 0, 0};  // forward (with the loss), backward, step
+  std::vector<double> step_ms;     // each timed step: their median is not moved by a scheduler hiccup
   for (int s = 0; s < warmup + steps; ++s) {
     const auto t0 = clock::now();
     if (s == warmup) start = t0;
@@ -59,11 +61,13 @@ int main(int argc, char** argv) {
     if (s < warmup) continue;
     const clock::time_point edges[4] = {t0, t1, t2, clock::now()};
     for (int i = 0; i < 3; ++i) phase_ms[i] += std::chrono::duration<double, std::milli>(edges[i + 1] - edges[i]).count();
+    step_ms.push_back(std::chrono::duration<double, std::milli>(edges[3] - edges[0]).count());
   }
   const double ms = std::chrono::duration<double, std::milli>(clock::now() - start).count() / steps;
-  std::printf("{\"impl\": \"cpp\", \"rank\": %d, \"world\": %d, \"stage\": %d, \"ms_per_step\": %.4f, \"forward_ms\": %.4f, "
+  std::printf("{\"impl\": \"cpp\", \"rank\": %d, \"world\": %d, \"stage\": %d, \"ms_per_step\": %.4f, \"median_step_ms\": %.4f, "
+              "\"forward_ms\": %.4f, "
               "\"backward_ms\": %.4f, \"step_ms\": %.4f}\n",
-              env.rank, env.world_size, stage, ms, phase_ms[0] / steps, phase_ms[1] / steps, phase_ms[2] / steps);
+              env.rank, env.world_size, stage, ms, tessera::bench::median(step_ms), phase_ms[0] / steps, phase_ms[1] / steps, phase_ms[2] / steps);
   if (!save.empty()) {
     auto whole = engine->gathered_parameters();  // ZeRO-3: every rank takes part; a no-op at stages 0-2
     std::vector<std::pair<std::string, at::Tensor>> weights;
