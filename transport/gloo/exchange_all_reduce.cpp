@@ -8,27 +8,21 @@
 #include <memory>
 #include <vector>
 
+#include "transport/gloo/unbound_ops.h"
+
 namespace tessera::transport {
 namespace {
 
-// Gloo's collectives use slot prefixes 0x01-0x08, the pair exchange 0x20-0x21.
-constexpr uint8_t kContributionPrefix = 0x22;
-constexpr uint8_t kReducedPrefix = 0x23;
 // gloo::AllreduceOptions' default maximum segment.
 constexpr size_t kRingSegmentBytes = size_t(1) << 20;
 
-using Clock = std::chrono::steady_clock;
+using gloo_ops::Clock;
+using gloo_ops::left;
 using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
 
 bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
 size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-
-// What is left of the operation's timeout; at least 1 ms, as Gloo reads a negative one as unset.
-std::chrono::milliseconds left(Clock::time_point deadline) {
-  return std::max(std::chrono::milliseconds(1),
-                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-}
 
 // The operations of one round still in flight (one unbound buffer each, as Gloo allows one
 // pending operation per buffer).
@@ -84,8 +78,8 @@ void exchange_all_reduce(gloo::Context& context, at::Tensor& tensor, ReduceOp op
   auto* base = static_cast<uint8_t*>(tensor.data_ptr());
   auto* received = static_cast<uint8_t*>(scratch.received.data_ptr());
   auto over = [&](uint8_t* at, int64_t length) { return context.createUnboundBuffer(at, length * element); };
-  const auto contribution = gloo::Slot::build(kContributionPrefix, tag);
-  const auto reduced = gloo::Slot::build(kReducedPrefix, tag);
+  const auto contribution = gloo::Slot::build(gloo_ops::kExchangeContributionPrefix, tag);
+  const auto reduced = gloo::Slot::build(gloo_ops::kExchangeReducedPrefix, tag);
   const std::vector<int> operands = operand_order(order, me, members);
 
   // Copies of this member's part to their owners; the other members' copies of this member's part.

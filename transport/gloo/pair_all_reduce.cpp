@@ -9,17 +9,17 @@
 #include <memory>
 #include <vector>
 
+#include "transport/gloo/unbound_ops.h"
+
 namespace tessera::transport {
 namespace {
 
-// Gloo's own collectives use slot prefixes 0x01-0x08; these two streams are ours.
-constexpr uint8_t kContributionPrefix = 0x20;
-constexpr uint8_t kReducedPrefix = 0x21;
+using gloo_ops::Clock;
+using gloo_ops::left;
 // Segments of contribution in flight per direction: two, as Gloo's ring, so that one is on the
 // wire while the other is reduced.
 constexpr int64_t kWindow = 2;
 
-using Clock = std::chrono::steady_clock;
 using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
 
 bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
@@ -60,11 +60,6 @@ void combine_segment(at::Tensor owner, const at::Tensor& peer, ReduceOp op, at::
   owner.copy_(a);
 }
 
-// What is left of the operation's timeout; at least 1 ms, as Gloo reads a negative one as unset.
-std::chrono::milliseconds left(Clock::time_point deadline) {
-  return std::max(std::chrono::milliseconds(1),
-                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-}
 void wait_recv(const Buffer& b, Clock::time_point deadline) { b->waitRecv(left(deadline)); }
 void wait_send(const Buffer& b, Clock::time_point deadline) { b->waitSend(left(deadline)); }
 
@@ -84,8 +79,8 @@ void pair_all_reduce(gloo::Context& context, at::Tensor& tensor, ReduceOp op, ui
     scratch.received = at::empty({slots * segment}, tensor.options());
   if (is_half(tensor.scalar_type()) && (!scratch.upcast.defined() || scratch.upcast.numel() < 2 * segment))
     scratch.upcast = at::empty({2 * segment}, tensor.options().dtype(at::kFloat));
-  const auto contribution = gloo::Slot::build(kContributionPrefix, tag);
-  const auto reduced = gloo::Slot::build(kReducedPrefix, tag);
+  const auto contribution = gloo::Slot::build(gloo_ops::kPairContributionPrefix, tag);
+  const auto reduced = gloo::Slot::build(gloo_ops::kPairReducedPrefix, tag);
 
   // One unbound buffer per pending operation (Gloo allows one at a time on each).
   auto* base = static_cast<uint8_t*>(tensor.data_ptr());
