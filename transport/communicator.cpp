@@ -170,7 +170,8 @@ std::string Communicator::context() const {
          std::to_string(rank_) + " of " + std::to_string(size_) + ")";
 }
 
-std::shared_ptr<Communicator> Communicator::group(const std::vector<int>& ranks, const std::string& name) {
+std::shared_ptr<Communicator> Communicator::group(const std::vector<int>& ranks, const std::string& name,
+                                                  std::optional<std::chrono::milliseconds> timeout) {
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
   if (sorted.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
@@ -182,6 +183,10 @@ std::shared_ptr<Communicator> Communicator::group(const std::vector<int>& ranks,
   for (size_t i = 0; i < ranks.size(); ++i) members += (i ? "_" : "") + std::to_string(ranks[i]);
   CommunicatorOptions o = options_;
   o.name = name.empty() ? options_.name + ".g" + members : name;
+  if (timeout) {
+    if (timeout->count() <= 0) throw TransportError(context() + ": group '" + o.name + "': timeout must be > 0 ms");
+    o.timeout = *timeout;
+  }
   // The store key names the members, and counts only groups of that name and membership: a rank's
   // other groups (which its peers here may not share) must not shift it. The count keeps a group
   // made again with the same name and members apart.

@@ -42,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,8 +121,10 @@ class Communicator {
 
   // A sub-group of this communicator's ranks (indices into this communicator), same backend.
   // Collective over the members only; non-members get nullptr without talking to anyone.
-  // Every member must create its groups in the same order. `name` defaults to "<this>.g<r0>_<r1>..".
-  std::shared_ptr<Communicator> group(const std::vector<int>& ranks, const std::string& name = "");
+  // Every member must create its groups in the same order. `name` defaults to "<this>.g<r0>_<r1>..";
+  // `timeout` (every operation's and the backend's waits) defaults to this communicator's.
+  std::shared_ptr<Communicator> group(const std::vector<int>& ranks, const std::string& name = "",
+                                      std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   std::shared_ptr<Work> all_reduce(at::Tensor tensor, const ReduceOptions& options = {});
   std::shared_ptr<Work> reduce_scatter(at::Tensor input, at::Tensor output, const ReduceOptions& options = {});

@@ -214,7 +214,7 @@ std::shared_ptr<transport::Communicator> Engine::Impl::new_communicator(const st
   if (world) {
     std::vector<int> all(size_t(world->size()));
     for (int r = 0; r < world->size(); ++r) all[size_t(r)] = r;
-    return world->group(all, comm_name + suffix);
+    return world->group(all, comm_name + suffix, spec->timeout);
   }
   transport::CommunicatorOptions options;
   options.timeout = spec->timeout;

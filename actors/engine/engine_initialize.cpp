@@ -56,8 +56,10 @@ std::pair<std::shared_ptr<transport::Communicator>, std::shared_ptr<transport::C
   if (world) {
     std::vector<int> all(size_t(world->size()));
     for (int r = 0; r < world->size(); ++r) all[size_t(r)] = r;
-    grad = world->group(all, name + ".grad");
-    param = world->group(all, name + ".param");
+    // The config's collective timeout, not the given world's (it may have been made with another).
+    const std::chrono::milliseconds timeout(settings.collective_timeout_ms);
+    grad = world->group(all, name + ".grad", timeout);
+    param = world->group(all, name + ".param", timeout);
   } else {
     transport::CommunicatorOptions co;
     co.timeout = std::chrono::milliseconds(settings.collective_timeout_ms);

@@ -77,6 +77,13 @@ class PythonStepOptimizer : public torch::optim::Optimizer {
   PythonStepOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups, py::object python_step)
       : Optimizer(std::move(groups), std::make_unique<PythonStepOptions>(0.0)), python_step_(std::move(python_step)) {}
   ~PythonStepOptimizer() override {
+    // Freed on an actor's thread after the interpreter began to finalise (an engine kept alive by a
+    // reference cycle, collected at exit): taking the GIL there ends the thread inside this destructor
+    // (std::terminate). The callable is left to the exiting interpreter instead.
+    if (!PyGILState_Check() && _Py_IsFinalizing()) {
+      python_step_.release();
+      return;
+    }
     py::gil_scoped_acquire gil;
     python_step_ = py::object();
   }

@@ -33,6 +33,16 @@ void bind_comm(py::module_& m) {
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("job_ranks", &Communicator::job_ranks)  // its members' launched ranks, by group rank
+      // A sub-group (members by index into this one, in group-rank order); collective over the members;
+      // None on the others. timeout_ms 0: this communicator's.
+      .def("group", [](Communicator& c, const std::vector<int>& ranks, int64_t timeout_ms) {
+        if (timeout_ms < 0) throw ConfigError("tessera.comm.new_group: timeout must be > 0");
+        std::optional<std::chrono::milliseconds> timeout;
+        if (timeout_ms > 0) timeout = std::chrono::milliseconds(timeout_ms);
+        py::gil_scoped_release release;
+        return c.group(ranks, "", timeout);
+      })
       .def("barrier", [](Communicator& c) { run([&] { return c.barrier(); }); })
       // The tensors are flat contiguous views of the caller's (comm.py reshapes); in place.
       .def("all_reduce", [](Communicator& c, at::Tensor t, const std::string& op) {

@@ -30,6 +30,7 @@
 #include "python/src/py_engine.h"
 #include "python/src/rollout_bindings.h"
 #include "python/src/store_bindings.h"
+#include "transport/communicator.h"
 #include "transport/launch_env.h"
 
 namespace py = pybind11;
@@ -68,7 +69,8 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
                                      const std::vector<std::string>& leaf_modules,
                                      std::optional<ClientKind> client_kind,
                                      const std::vector<std::pair<std::vector<std::string>, std::map<std::string, double>>>& client_groups,
-                                     py::object client_step) {
+                                     py::object client_step,
+                                     std::shared_ptr<transport::Communicator> world) {
   // A config of the script's own beside tessera-launch --config_file's: the Accelerate file's variables
   // fill its "auto" values and must agree with the rest (core/config/launch_config.h).
   auto config = config_is_path ? config::load_config(config_text)
@@ -76,6 +78,7 @@ std::shared_ptr<PyEngine> initialize_engine(const std::vector<std::pair<std::str
   if (const auto launched = config::launch_config_from_env())
     config = config::reconcile_with_launch(std::move(config), *launched);
   InitializeOptions options;
+  options.world = std::move(world);  // a tessera.comm process group's (mpu=), else the launch environment's
   for (size_t g = 0; g < group_names.size(); ++g) {
     ParamGroup group;
     group.names = group_names[g];
@@ -310,7 +313,8 @@ PYBIND11_MODULE(_tessera, m) {
 
   m.def("initialize", &initialize_engine, py::arg("parameters"), py::arg("config"), py::arg("config_is_path"),
         py::arg("group_names"), py::arg("group_options"), py::arg("leaf_modules") = std::vector<std::string>{},
-        py::arg("client_kind") = std::nullopt, py::arg("client_groups") = py::list(), py::arg("client_step") = py::none());
+        py::arg("client_kind") = std::nullopt, py::arg("client_groups") = py::list(), py::arg("client_step") = py::none(),
+        py::arg("world") = std::shared_ptr<transport::Communicator>());
   // The config's zero_optimization.leaf_module.classes, matched by initialize against the Python
   // module's class names (the C++ tree it builds has no classes of its own).
   m.def("config_leaf_classes", [](const std::string& text, bool is_path) {

@@ -7,7 +7,7 @@ import weakref
 
 import torch
 
-from . import _tessera, zero
+from . import _tessera, comm, zero
 from ._optimizer import client_optimizer, parameter_name
 from ._scheduler import ClientScheduler, EngineScheduler
 from ._zero3 import install_unit_hooks
@@ -81,9 +81,10 @@ class TesseraEngine:
     """DeepSpeedEngine's calls on tessera's C++ engine. `module` is the user's module (its parameters are the
     engine's weights)."""
 
-    def __init__(self, module, engine):
+    def __init__(self, module, engine, data_parallel_group):
         self.module = module
         self._engine = engine
+        self.data_parallel_group = data_parallel_group  # a tessera.comm.ProcessGroup (DeepSpeed's attribute)
         self._hooks, self._sender, self._client_scheduler = [], None, None
         _live_engines.add(self)
 
@@ -138,7 +139,9 @@ class TesseraEngine:
 
     def storage_maps(self):
         """What this rank stores, as affine maps (StoredMap(kind, buffer, map) with the map as a dict, see
-        actors/engine/storage_maps.h), and this rank's flat buffers by key. Call between steps."""
+        actors/engine/storage_maps.h), and this rank's flat buffers by key. Call between steps. A piece's offset
+        counts elements from its buffer's first element; a buffer may be a view into a larger storage, so read it
+        with buffer.as_strided(shape, strides, buffer.storage_offset() + offset)."""
         maps, buffers = self._engine.storage_maps()
         return StorageMaps([StoredMap(kind, buffer, json.loads(text)) for kind, buffer, text in maps], buffers)
 
@@ -273,7 +276,12 @@ class TesseraEngine:
                 if id(p) not in by_id:
                     raise _tessera.ConfigError("gathered_parameters: a tensor that is not a parameter of the model")
                 names.append(by_id[id(p)])
-        return self._engine.gathered_parameters(names, -1 if modifier_rank is None else int(modifier_rank))
+        if modifier_rank is not None and int(modifier_rank) not in self.data_parallel_group.ranks:
+            raise _tessera.ConfigError(f"gathered_parameters: modifier_rank {modifier_rank} is not a member of the "
+                                       f"engine's data-parallel group {self.data_parallel_group!r}")
+        # DeepSpeed's modifier_rank is a launched rank; the C++ engine's, its place in the data-parallel group.
+        group_rank = -1 if modifier_rank is None else self.data_parallel_group.ranks.index(int(modifier_rank))
+        return self._engine.gathered_parameters(names, group_rank)
 
 
 _live_engines = weakref.WeakSet()
@@ -327,11 +335,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     building one from model_parameters; _optimizer.py); the scheduler comes from the config's `scheduler` section
     or is the client's lr_scheduler (a torch scheduler, or a callable building one on the optimizer; _scheduler.py);
     with training_data (a torch Dataset) the dataloader is DeepSpeed's: this rank's share through a
-    DistributedSampler (shuffled, seed 0), micro-batches of train_micro_batch_size_per_gpu, collate_fn."""
+    DistributedSampler (shuffled, seed 0), micro-batches of train_micro_batch_size_per_gpu, collate_fn. With mpu
+    (DeepSpeed's interface: get_data_parallel_group() a tessera.comm.ProcessGroup, model-parallel sizes 1) the
+    engine is data parallel over that group only (collective over its members), else over every launched rank."""
     if not isinstance(model, torch.nn.Module):
         raise _tessera.ConfigError("initialize: model must be a torch.nn.Module")
-    if mpu is not None:
-        raise _tessera.ConfigError("initialize: mpu= is not supported (tessera has no model parallelism yet)")
+    group = comm.data_parallel_group("initialize", mpu=mpu)
     text, is_path = _config(args, config, config_params)
     client_kind, client_groups, client_step = None, [], None
     if optimizer is not None:
@@ -345,8 +354,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     params = [name for name, _ in model.named_parameters()]
     config_classes = _tessera.config_leaf_classes(text, is_path)
     leaves = [n for n in leaf_module_names(model, config_classes) if any(p.startswith(n + ".") for p in params)]
+    world = None if isinstance(group, comm._WorldGroup) else group._communicator
     engine = TesseraEngine(model, _tessera.initialize(_named_parameters(model), text, is_path, group_names, group_options,
-                                                      leaves, client_kind, client_groups, client_step))
+                                                      leaves, client_kind, client_groups, client_step, world), group)
     if engine.zero_optimization_stage() == 3:
         engine._hooks = install_unit_hooks(model, engine._engine)
     zero._register_engine(engine)

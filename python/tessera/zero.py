@@ -53,21 +53,21 @@ def init_flag():
 
 
 class Init:
-    """Partitioned construction over the launched ranks (DeepSpeed's zero.Init). `module=` cuts an already built
+    """Partitioned construction over the data-parallel group (DeepSpeed's zero.Init: mpu's, data_parallel_group,
+    else every launched rank). `module=` cuts an already built
     module's parameters now. remote_device other than None/"cpu" (offload) and a dtype other than fp32 are refused."""
 
     def __init__(self, module=None, data_parallel_group=None, remote_device=None, pin_memory=False,
                  config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None, **kwargs):
-        for name, value in (("data_parallel_group", data_parallel_group), ("mpu", mpu)):
-            if value is not None:
-                raise _tessera.ConfigError(f"zero.Init: {name} is not supported (the construction spans all ranks)")
+        # Cut for the data-parallel group the engine will have (initialize's mpu=, or data_parallel_group=).
+        group = comm.data_parallel_group("zero.Init", mpu=mpu, group=data_parallel_group)
         if remote_device not in (None, "cpu", "none"):
             raise _tessera.ConfigError(f"zero.Init: remote_device '{remote_device}': offload is not implemented yet")
         if dtype not in (None, torch.float32):
             raise _tessera.ConfigError(f"zero.Init: dtype {dtype}: partitioned construction builds fp32 parameters "
                                        f"(the config's bf16/fp16 converts them at initialize)")
         self.enabled = enabled
-        self.world, self.rank = comm.get_world_size(), comm.get_rank()
+        self.world, self.rank = group.size(), group.rank()
         self._depth, self._originals, self._had_init_subclass = {}, [], None
         if module is not None and enabled:
             for m in module.modules():

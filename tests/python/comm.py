@@ -44,7 +44,7 @@ engine.step()
 total = loss.detach().clone()
 tessera.comm.all_reduce(total)
 expect(total.item() > 0, "all_reduce after a step")
-for call, words in ((lambda: tessera.comm.all_reduce(mine(rank), group=object()), "process groups"),
+for call, words in ((lambda: tessera.comm.all_reduce(mine(rank), group=object()), "tessera.comm.ProcessGroup"),
                     (lambda: tessera.comm.all_reduce(mine(rank), async_op=True), "async_op"),
                     (lambda: tessera.comm.all_reduce(mine(rank), op="min"), "not one of")):
     try:

@@ -238,7 +238,11 @@ engine.to("cpu", model=True, optimizer=False, grad=False)
 expect_error(["cuda", "issue 25"], lambda: engine.to("cuda"))
 expect_error(["cuda:1"], lambda: engine.to("cuda:1", optimizer=False))
 expect_error(["grad"], lambda: engine.to("cpu", model=False))
-expect_error(["process group"], engine.get_data_parallel_group)
+group = engine.get_data_parallel_group()  # every launched rank here (no mpu): tessera.comm's collectives take it
+check.expect(isinstance(group, tessera.comm.ProcessGroup) and group.ranks == tuple(range(world)),
+             f"get_data_parallel_group: {group!r}")
+check.expect(engine.get_data_parallel_rank() == rank and engine.get_data_parallel_size() == world,
+             "get_data_parallel_rank / size")
 expect_error(["not at the end of a batch"], engine.optimizer_step)
 x, y = rows(0, rank, 2 * MICRO)
 expect_error(["2 x 4"], lambda: engine.forward_backward_batch({"x": x[:5], "y": y[:5]}, loss_function))

@@ -17,7 +17,8 @@ Actor wrapper (unwrap actor.model and put the engine back yourself).
 What tessera does not offer, refused with a tessera.Error rather than done halfway:
   - offload_states / reload_states move every state of the given engine to host memory and back (bit for bit);
     args.adam_offload and an eval model's offload are refused (issue 25).
-  - process groups: all_reduce / all_gather / barrier span every launched rank (tessera.comm).
+  - all_reduce / all_gather / barrier span every launched rank, as OpenRLHF's do (tessera.comm; other process
+    groups: tessera.comm.new_group).
   - save_ckpt's max_mem (a size budget): tessera prunes by count (tessera.checkpoint.keep_last = max_ckpt_num),
     not by size; a warning says so.
   - tensor/sequence parallelism (ds_tensor_parallel_size, ring_attn_size), ZeRO++ (zpg) and deepcompile.

@@ -19,7 +19,8 @@ What tessera does differently (what it cannot do is refused with a tessera.Error
     before step(), which the engine does not offer.
   - the norm is computed only when the engine clips: without `gradient_clipping` optimizer_step returns None.
   - no offload (issue 25): to("cpu") is a no-op, as everything is on the CPU already; any other device raises.
-  - no torch.distributed group: get_data_parallel_group raises; rank and size come from tessera.comm.
+  - get_data_parallel_group is a tessera.comm.ProcessGroup (mpu='s data-parallel group, else every launched
+    rank), for tessera.comm's collectives, not a torch.distributed group.
 """
 import contextlib
 import math
@@ -95,13 +96,14 @@ class TesseraVerlEngine:
 
     is_param_offload_enabled = is_optimizer_offload_enabled = is_grad_offload_enabled = False
 
-    def __init__(self, module, config, model_parameters=None, optimizer=None, forward_fn=None):
+    def __init__(self, module, config, model_parameters=None, optimizer=None, forward_fn=None, mpu=None):
         if not isinstance(config, dict):
             raise _tessera.ConfigError(f"TesseraVerlEngine: config must be a DeepSpeed-style dict (the adapter reads "
                                        f"its batch sizes), not {type(config).__name__}")
         self.module, self.config = module, config
         self._model_parameters, self._client_optimizer = model_parameters, optimizer
         self._forward = forward_fn or _forward_hf_inputs
+        self._mpu = mpu  # DeepSpeed's mpu (its data-parallel group a tessera.comm.ProcessGroup), or None
         self._engine = self.optimizer = self.lr_scheduler = None
         self.mode = None
 
@@ -109,7 +111,7 @@ class TesseraVerlEngine:
         """Builds tessera's engine (collective). Returns self."""
         self._engine, self.optimizer, _, self.lr_scheduler = initialize(
             model=self.module, optimizer=self._client_optimizer, model_parameters=self._model_parameters,
-            config=self.config)
+            config=self.config, mpu=self._mpu)
         self._accumulation = _accumulation_steps(self.config, self.get_data_parallel_size())
         self._micro_size = self.config.get("train_micro_batch_size_per_gpu")
         # The adapter cuts batches by its reading of the config; the engine's own reading must agree.
@@ -234,14 +236,16 @@ class TesseraVerlEngine:
         return tensors(), None
 
     def get_data_parallel_rank(self):
-        return comm.get_rank()
+        return comm.get_rank(self.get_data_parallel_group())
 
     def get_data_parallel_size(self):
-        return comm.get_world_size()
+        return comm.get_world_size(self.get_data_parallel_group())
 
     def get_data_parallel_group(self):
-        raise _tessera.Error("get_data_parallel_group: tessera has no torch.distributed process group (its "
-                             "communicators are the engine's own); tessera.comm gives the rank and world size")
+        """The engine's data-parallel group (a tessera.comm.ProcessGroup); before initialize(), mpu's or every rank."""
+        if self._engine is not None:
+            return self._engine.data_parallel_group
+        return self._mpu.get_data_parallel_group() if self._mpu is not None else comm.get_world_group()
 
     def is_mp_src_rank_with_outputs(self):
         return True  # data parallel only: every rank holds its own micro-batches' outputs
