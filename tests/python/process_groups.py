@@ -8,9 +8,11 @@ and 3 (zero.Init cut for the group at stage 3), 8 steps: its weights equal the P
 (gradients averaged over the group's 2 members) bit for bit; negative control: the other group's oracle differs. The
 world's collectives still span all 4 ranks beside the engines. Bad input (a collective on a group this rank is not a
 member of, src outside the group, model-parallel mpu, a non-group from mpu, a rank out of range) raises
-tessera.ConfigError naming it. Usage: tessera-launch --nproc-per-node 4 /usr/bin/python3 process_groups.py"""
+tessera.ConfigError naming it; the config's 2 s collective timeout holds for an engine on a group made with 60 s (a
+step on one member alone raises tessera.TimeoutError naming the other). Usage: tessera-launch --nproc-per-node 4 /usr/bin/python3 process_groups.py"""
 
 import datetime
+import time
 
 import torch
 
@@ -135,5 +137,18 @@ expect_error(tessera.ConfigError, [f"rank {rank} is not a member of the data-par
 expect_error(tessera.ConfigError, ["rank 4 is not a launched rank 0..3"], lambda: tessera.comm.new_group([0, 4]))
 expect_error(tessera.ConfigError, ["must be a tessera.comm.ProcessGroup"],
              lambda: tessera.comm.all_reduce(value(rank), group=object()))
-tessera.comm.barrier()
+# The config's collective timeout holds for an engine on a given group (made with a longer one): step() on group
+# rank 0 alone fails there within 2 s, naming the operation and the member that did not arrive.
+model = model_of()
+engine, *_ = tessera.initialize(model=model, mpu=Mpu(group), config={
+    "train_micro_batch_size_per_gpu": ROWS, "optimizer": {"type": "SGD", "params": {"lr": LR}},
+    "zero_optimization": {"stage": 1}, "tessera": {"transport": {"collective_timeout_ms": 2000}}})
+engine.backward(loss_for(members)(engine, 0, tessera.comm.get_rank(group)))
+if tessera.comm.get_rank(group) == 0:
+    start = time.monotonic()
+    expect_error(tessera.TimeoutError, ["did not complete within 2000 ms", f"rank {members[1]}"], engine.step)
+    expect(time.monotonic() - start < 10, f"the step's timeout took {time.monotonic() - start:.1f} s, not the config's 2 s")
+else:
+    time.sleep(6)  # never steps: its group's rank 0 waits for it in vain
+tessera.comm.barrier()  # the world's communicator is the engines' neither
 check.finish("process groups ok")
