@@ -3,7 +3,11 @@
 training step (forward, backward, step) timed at each ZeRO stage 0-3 on N ranks, C++ (binding_step) and Python
 (this file with --worker) alternating, medians of --rounds. One JSON line per stage: ms per step of each and
 ratio_to_cpp (python / cpp; goal <= 1.03 at stages 0-2, 1.05 at stage 3), and the same
-of the runs' median step times (median_step_ratio_to_cpp: a scheduler hiccup moves a mean of 200 steps by percents), plus the call overhead of a binding call (engine.get_lr()) in us.
+of the runs' median step times (median_step_ratio_to_cpp: a scheduler hiccup moves a mean of 200 steps by percents);
+the rounds alternate which side runs first (ABBA), and each round's pair ratio is listed with the median and
+quartiles of them (this 2-core machine's noise moves single runs by 10-25%). Also the call overhead of a binding call
+(engine.get_lr()) and the forward scope's cost (forward_binding_us: engine(x) against the module called directly, in
+the same process), both in us.
     python3 bench/python/binding_overhead.py build [--nproc 2]
 Run with any python3: the workers run under Debian's /usr/bin/python3 (the binding's interpreter)."""
 import argparse
@@ -50,6 +54,16 @@ def worker(args):
                 phase_ms[i] += (b - a) * 1000
             step_ms.append((t3 - t0) * 1000)
     ms = (time.perf_counter() - start) * 1000 / args.steps
+    # The forward's share that is the binding's: engine(x) (its forward scope) against the same module called
+    # directly, alternating on the same inputs in this process (graphs dropped, no backward). The rest of the
+    # forward's difference to C++ is PyTorch's Python dispatch of the Python model.
+    through, direct = [], []
+    for i, (x, _) in enumerate(data[:args.steps]):
+        for call, times in ((engine, through), (model, direct)) if i % 2 == 0 else ((model, direct), (engine, through)):
+            t = time.perf_counter()
+            call(x)
+            times.append(time.perf_counter() - t)
+    forward_binding_us = (statistics.median(through) - statistics.median(direct)) * 1e6
     calls = 20000
     t = time.perf_counter()
     for _ in range(calls):
@@ -62,6 +76,7 @@ def worker(args):
             torch.save(weights, args.save)
     print(json.dumps({"impl": "python", "rank": rank, "stage": args.stage, "ms_per_step": ms,
                       "median_step_ms": statistics.median(step_ms), "call_us": call_us,
+                      "forward_binding_us": forward_binding_us,
                       **{k: v / args.steps for k, v in zip(PHASES, phase_ms)}}))
 
 
@@ -78,14 +93,15 @@ def run(build, nproc, port, cmd):
     lines = [json.loads(l.split(": ", 1)[1] if l.startswith("[rank") else l) for l in out.stdout.splitlines() if "ms_per_step" in l]
     slowest = max(lines, key=lambda l: l["ms_per_step"])  # a step ends when the slowest rank's does
     median_step = max(l["median_step_ms"] for l in lines)
-    return slowest["ms_per_step"], median_step, max(l.get("call_us", 0) for l in lines), [slowest[k] for k in PHASES]
+    return (slowest["ms_per_step"], median_step, max(l.get("call_us", 0) for l in lines), [slowest[k] for k in PHASES],
+            max(l.get("forward_binding_us", 0) for l in lines))
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("build", nargs="?", default="build")
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--worker", action="store_true")
     p.add_argument("--save", default="", help="with --worker: rank 0 saves the trained weights here (torch.save)")
     for name, default in (("width", 256), ("layers", 4), ("steps", 200), ("warmup", 10), ("stage", 2), ("batch", 16)):
@@ -97,30 +113,38 @@ def main():
              str(args.warmup), "--batch", str(args.batch)]
     port = 30290
     for stage in (0, 1, 2, 3):
-        cpp, py, cpp_med, py_med, calls, cpp_phases, py_phases = [], [], [], [], [], [], []
+        sides = {"cpp": [], "python": []}  # per round: (ms_per_step, median step, call us, phases)
         for r in range(args.rounds):
-            port += 1
-            c, c_med, _, c_phases = run(args.build, args.nproc, port, [os.path.join(args.build, "bench", "python", "binding_step"),
-                                                                "--stage", str(stage)] + shape)
-            port += 1
-            pm, p_med, call, p_phases = run(args.build, args.nproc, port, ["/usr/bin/python3", os.path.abspath(__file__),
-                                                                    "--worker", "--stage", str(stage)] + shape)
-            cpp.append(c), py.append(pm), calls.append(call), cpp_phases.append(c_phases), py_phases.append(p_phases)
-            cpp_med.append(c_med), py_med.append(p_med)
-        c, pm = statistics.median(cpp), statistics.median(py)
+            # ABBA order (C++ first in even rounds, Python first in odd ones): a drift of the machine's speed
+            # during the bench falls on both sides alike.
+            for side in (("cpp", "python") if r % 2 == 0 else ("python", "cpp")):
+                port += 1
+                cmd = ([os.path.join(args.build, "bench", "python", "binding_step"), "--stage", str(stage)] if side == "cpp"
+                       else ["/usr/bin/python3", os.path.abspath(__file__), "--worker", "--stage", str(stage)])
+                sides[side].append(run(args.build, args.nproc, port, cmd + shape))
+        cpp, py = sides["cpp"], sides["python"]
+        c, pm = statistics.median(x[0] for x in cpp), statistics.median(x[0] for x in py)
+        c_med, p_med = statistics.median(x[1] for x in cpp), statistics.median(x[1] for x in py)
         phases = {}
         for i, name in enumerate(PHASES):  # medians per phase: where the difference is
-            phases["cpp_" + name] = round(statistics.median(p[i] for p in cpp_phases), 4)
-            phases["python_" + name] = round(statistics.median(p[i] for p in py_phases), 4)
+            phases["cpp_" + name] = round(statistics.median(x[3][i] for x in cpp), 4)
+            phases["python_" + name] = round(statistics.median(x[3][i] for x in py), 4)
+        # Each round's pair (adjacent runs), by median step time: their median and quartiles say how far the
+        # machine's noise reaches.
+        ratios = sorted(p[1] / c[1] for p, c in zip(py, cpp))
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
         print(json.dumps({"bench": "python_binding", "stage": stage, "world": args.nproc, "width": args.width,
-                          "layers": args.layers, "cpp_ms_per_step": round(c, 4), "python_ms_per_step": round(pm, 4),
+                          "layers": args.layers, "batch": args.batch, "rounds": args.rounds, "steps": args.steps,
+                          "cpp_ms_per_step": round(c, 4), "python_ms_per_step": round(pm, 4),
                           "ratio_to_cpp": round(pm / c, 4),
-                          "cpp_median_step_ms": round(statistics.median(cpp_med), 4),
-                          "python_median_step_ms": round(statistics.median(py_med), 4),
-                          "median_step_ratio_to_cpp": round(statistics.median(py_med) / statistics.median(cpp_med), 4),
-                          "round_ratios": [round(p / c, 3) for p, c in zip(py_med, cpp_med)], "binding_call_us": round(statistics.median(calls), 3), **phases}),
+                          "cpp_median_step_ms": round(c_med, 4), "python_median_step_ms": round(p_med, 4),
+                          "median_step_ratio_to_cpp": round(p_med / c_med, 4),
+                          "round_ratio_median": round(statistics.median(ratios), 4),
+                          "round_ratio_quartiles": [round(q, 4) for q in (quartiles[0], quartiles[2])],
+                          "round_ratios": [round(p[1] / c[1], 3) for p, c in zip(py, cpp)],
+                          "binding_call_us": round(statistics.median(x[2] for x in py), 3),
+                          "forward_binding_us": round(statistics.median(x[4] for x in py), 2), **phases}),
               flush=True)
-
 
 if __name__ == "__main__":
     main()
