@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tessera.comm's collectives on 2 ranks against values computed here from every rank's inputs (each rank knows
 what the others hold): all_reduce sum / avg / max (in place, a 2-d tensor), all_gather and all_gather_into_tensor
-(rank order), broadcast from rank 1, barrier; the engine still trains beside them; bad input (a process group,
+(rank order), broadcast from rank 1, barrier; the engine still trains beside them; bad input (a group that is no tessera.comm.ProcessGroup,
 async_op, an unknown op) raises tessera.ConfigError. Usage: tessera-launch --nproc-per-node 2 python3 comm.py"""
 
 import torch
