@@ -69,7 +69,8 @@ class _WorldGroup(ProcessGroup):
         return self._communicator
 
 
-def _world_group_object():
+def get_world_group():
+    """The group of every launched rank (what group=None means)."""
     global _world_group
     if _world_group is None:
         from . import _tessera
@@ -77,15 +78,10 @@ def _world_group_object():
     return _world_group
 
 
-def get_world_group():
-    """The group of every launched rank (what group=None means)."""
-    return _world_group_object()
-
-
 def _group_of(group, what):
     from . import _tessera
     if group is None:
-        return _world_group_object()
+        return get_world_group()
     if not isinstance(group, ProcessGroup):
         raise _tessera.ConfigError(f"tessera.comm.{what}: group must be a tessera.comm.ProcessGroup (from new_group) "
                                    f"or None, not {type(group).__name__}")
@@ -149,7 +145,7 @@ def new_group(ranks=None, timeout=None, backend=None):
         if seconds <= 0:
             raise _tessera.ConfigError(f"tessera.comm.new_group: timeout must be > 0, got {timeout!r}")
         timeout_ms = max(1, int(seconds * 1000))
-    world_comm = _world_group_object().communicator()
+    world_comm = get_world_group().communicator()
     return ProcessGroup(members, world_comm.group(members, timeout_ms))
 
 
